@@ -1,0 +1,115 @@
+"""Daemon configuration: a TOML file (tomllib) with documented defaults (docs/configuration.md)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PATH = Path("/etc/bbstage/bbstage.toml")
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+
+
+class ConfigError(ValueError):
+    """The configuration file is invalid; the message names the key."""
+
+
+def parse_size(text: str | int) -> int:
+    """``"10G"`` → bytes (binary units, optional ``B``/``iB`` suffix)."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGTP]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use e.g. 512M, 10G)")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A scratch pool: per-job directories under ``root``, at most ``capacity`` bytes in all."""
+
+    name: str
+    root: Path
+    capacity: int
+    granularity: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class Config:
+    socket: Path = Path("/run/bbstage/control.sock")
+    user_socket: Path = Path("/run/bbstage/user.sock")
+    state_dir: Path = Path("/var/lib/bbstage")
+    control_group: str | None = None
+    admin_group: str | None = None
+    log_level: str = "info"
+    transfers: int = 4
+    threads_per_transfer: int = 8
+    chunk_size: int = 64 << 20
+    retention_days: float = 7.0
+    pools: tuple[Pool, ...] = field(default_factory=tuple)
+    s3: dict[str, Any] = field(default_factory=dict)
+
+    def pool(self, name: str | None) -> Pool | None:
+        """The named pool, or the first one when ``name`` is empty."""
+        if not self.pools:
+            return None
+        if not name:
+            return self.pools[0]
+        return next((p for p in self.pools if p.name == name), None)
+
+
+_DAEMON_KEYS = {
+    "socket": Path,
+    "user_socket": Path,
+    "state_dir": Path,
+    "control_group": str,
+    "admin_group": str,
+    "log_level": str,
+    "transfers": int,
+    "threads_per_transfer": int,
+    "chunk_size": parse_size,
+    "retention_days": float,
+}
+
+
+def load(path: Path | str = DEFAULT_PATH) -> Config:
+    """Read and check a config file; a missing file means all defaults."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text()) if path.exists() else {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return from_dict(data, source=str(path))
+
+
+def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
+    unknown = set(data) - {"daemon", "pools", "s3"}
+    if unknown:
+        raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.get("daemon", {}).items():
+        if key not in _DAEMON_KEYS:
+            raise ConfigError(f"{source}: [daemon] unknown key {key!r}")
+        try:
+            kwargs[key] = _DAEMON_KEYS[key](value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: [daemon] {key}: {exc}") from None
+    pools = []
+    for i, raw in enumerate(data.get("pools", [])):
+        try:
+            pools.append(
+                Pool(
+                    name=str(raw["name"]),
+                    root=Path(raw["root"]),
+                    capacity=parse_size(raw["capacity"]),
+                    granularity=parse_size(raw.get("granularity", "1M")),
+                )
+            )
+        except (KeyError, ValueError) as exc:
+            raise ConfigError(f"{source}: [[pools]] #{i + 1}: {exc}") from None
+    kwargs["pools"] = tuple(pools)
+    kwargs["s3"] = dict(data.get("s3", {}))
+    return Config(**kwargs)
