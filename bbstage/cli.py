@@ -1,0 +1,135 @@
+"""The `bbstage` command: status for users; daemon, validation, install and admin views."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from bbstage import __version__, config
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
+
+
+def _config(args: argparse.Namespace) -> config.Config:
+    try:
+        return config.load(args.config)
+    except config.ConfigError as exc:
+        sys.exit(f"bbstage: {exc}")
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from bbstage import daemon
+
+    return daemon.run(_config(args))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from bbstage import validate
+
+    return validate.run(args.script, args.json)
+
+
+def cmd_install_lua(args: argparse.Namespace) -> int:
+    from bbstage import luainstall
+
+    for path in luainstall.install(_config(args), Path(args.dest), str(args.config)):
+        print(f"installed {path}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _ask(args: argparse.Namespace, op: str, **fields: Any) -> Any:
+    from bbstage.client import DaemonError, call
+
+    try:
+        return call(_config(args).user_socket, op, **fields)
+    except DaemonError as exc:
+        print(f"bbstage: {exc}", file=sys.stderr)
+        unreachable = str(exc).startswith("staging daemon not reachable")
+        sys.exit(EXIT_UNREACHABLE if unreachable else EXIT_NOT_FOUND)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from bbstage import render
+
+    if not args.job_id.isdigit():
+        print(f"bbstage: job id must be a number, got {args.job_id!r}", file=sys.stderr)
+        return EXIT_USAGE
+    status = _ask(args, "status", job_id=args.job_id)
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        render.status(status)
+    return EXIT_FAILED if status["state"] == "failed" else EXIT_OK
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from bbstage import render
+
+    jobs = _ask(args, "jobs")
+    print(json.dumps(jobs, indent=2)) if args.json else render.jobs(jobs)
+    return EXIT_OK
+
+
+def cmd_pools(args: argparse.Namespace) -> int:
+    from bbstage import render
+
+    pools = _ask(args, "pools")
+    print(json.dumps(pools, indent=2)) if args.json else render.pools(pools)
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bbstage",
+        description="Data staging for Slurm burst_buffer/lua (#BB_LUA stage_in/stage_out).",
+        epilog="Exit codes: 0 ok, 1 staging failed or script invalid, 2 usage error, "
+        "3 no such job of yours, 4 daemon not reachable.",
+    )
+    p.add_argument("--version", action="version", version=f"bbstage {__version__}")
+    p.add_argument(
+        "--config",
+        default=os.environ.get("BBSTAGE_CONFIG", str(config.DEFAULT_PATH)),
+        help="daemon config file (default: $BBSTAGE_CONFIG or %(default)s)",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("status", help="show a job's staging: state and one row per directive")
+    s.add_argument("job_id", help="Slurm job id")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("validate", help="check the #BB_LUA directives of a batch script")
+    s.add_argument("script", help="batch script to check")
+    s.add_argument("--json", action="store_true", help="print the parse result as JSON")
+    s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("jobs", help="staging jobs you may see (all of them for admins)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_jobs)
+
+    s = sub.add_parser("pools", help="scratch pools: capacity, reserved, free")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_pools)
+
+    s = sub.add_parser("daemon", help="run the staging daemon in the foreground (as root)")
+    s.set_defaults(func=cmd_daemon)
+
+    s = sub.add_parser(
+        "install-lua", help="install burst_buffer.lua and its site file beside slurm.conf"
+    )
+    s.add_argument("--dest", required=True, help="directory that holds slurm.conf")
+    s.set_defaults(func=cmd_install_lua)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""The staging engine: one state machine per job, driven by the Slurm hooks' requests.
+
+Every request is idempotent, keyed by (job id, hook, directive index): a hook that Slurm
+re-runs, or that re-sends after a daemon restart, joins the work already under way or gets
+the result already recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from bbstage import directives, scratch
+from bbstage.config import Config
+from bbstage.executor import TransferExecutor
+from bbstage.identity import Identity, IdentityError
+from bbstage.protocol import Reply, Request
+from bbstage.state import CANCELLED, DONE, FAILED, PENDING, RUNNING, DirectiveRow, JobRow, Store
+
+log = structlog.get_logger("bbstage.engine")
+
+FINISHED = ("done", "failed", "cancelled")
+_PHASE = {"stage_in": ("staging_in", "staged_in"), "stage_out": ("staging_out", "staged_out")}
+
+
+class Engine:
+    def __init__(self, config: Config, store: Store, executor: TransferExecutor) -> None:
+        self.config, self.store, self.executor = config, store, executor
+        self._active: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._ops: dict[str, Callable[[Request], Awaitable[Reply]]] = {
+            "setup": self.setup,
+            "data_in": self.data_in,
+            "test_data_in": self.test_data_in,
+            "real_size": self.real_size,
+            "pre_run": self.pre_run,
+            "post_run": self.post_run,
+            "data_out": self.data_out,
+            "test_data_out": self.test_data_out,
+            "teardown": self.teardown,
+            "get_status": self.get_status,
+        }
+
+    async def handle(self, request: Request) -> Reply:
+        bound = log.bind(hook=request.op, job_id=request.get("job_id"))
+        bound.info("request")
+        try:
+            reply = await self._ops[request.op](request)
+        except (ValueError, IdentityError) as exc:
+            reply = Reply.error(str(exc))
+        bound.info("reply", status=reply.status, message=reply.message)
+        return reply
+
+    def resume(self) -> None:
+        """After a restart: continue every transfer that was under way."""
+        for job in self.store.jobs(("staging_in", "staging_out")):
+            verb = "stage_in" if job.state == "staging_in" else "stage_out"
+            log.info("resuming", job_id=job.job_id, phase=verb)
+            self._start_phase(job, verb)
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    async def setup(self, req: Request) -> Reply:
+        job_id = req.job_id
+        job = self.store.job(job_id)
+        if job is not None and job.state not in FINISHED:
+            return Reply.ok()  # a re-run of setup: already done
+        return self._create(req, job_id)
+
+    def _create(self, req: Request, job_id: str) -> Reply:
+        parsed = directives.parse(req.get("script", ""))
+        if parsed["errors"]:
+            return Reply.error("; ".join(e["message"] for e in parsed["errors"][:3]))
+        uid, gid = int(req.get("uid", -1)), int(req.get("gid", -1))
+        Identity.of(uid, gid)  # refuse unknown users and root before creating anything
+        pool = self.config.pool(req.get("pool") or parsed.get("pool"))
+        if (req.get("pool") or parsed.get("pool")) and pool is None:
+            return Reply.error(f"unknown pool {req.get('pool') or parsed.get('pool')!r}")
+        size = int(req.get("size") or parsed.get("capacity") or 0)
+        path = None
+        if pool is not None:
+            if size and size > self._free(pool.name):
+                return Reply.error(
+                    f"pool {pool.name} has {self._free(pool.name)} bytes free,"
+                    f" the job asks for capacity={size}"
+                )
+            path = str(scratch.create(pool, job_id, uid, gid))
+        self.store.create_job(
+            job_id,
+            uid=uid,
+            gid=gid,
+            pool=pool.name if pool else None,
+            size=size,
+            scratch=path,
+            directives=parsed["directives"],
+        )
+        log.info("job created", job_id=job_id, directives=len(parsed["directives"]))
+        return Reply.ok()
+
+    async def data_in(self, req: Request) -> Reply:
+        return await self._stage(req, "stage_in")
+
+    async def data_out(self, req: Request) -> Reply:
+        return await self._stage(req, "stage_out")
+
+    async def test_data_in(self, req: Request) -> Reply:
+        return self._test(req.job_id, "stage_in")
+
+    async def test_data_out(self, req: Request) -> Reply:
+        return self._test(req.job_id, "stage_out")
+
+    async def real_size(self, req: Request) -> Reply:
+        job = self.store.job(req.job_id)
+        return Reply.ok(str(job.size) if job and job.size else "")
+
+    async def pre_run(self, req: Request) -> Reply:
+        job = self._job(req)
+        if job.state not in FINISHED:
+            self.store.set_job(job.job_id, state="running")
+        return Reply.ok()
+
+    async def post_run(self, req: Request) -> Reply:
+        self._job(req)
+        return Reply.ok()
+
+    async def teardown(self, req: Request) -> Reply:
+        job = self.store.job(req.job_id)
+        if job is None:
+            return Reply.ok()
+        hurry = req.get("hurry") in (True, "true")
+        cancelled = [d for d in job.directives if d.state in (PENDING, RUNNING)]
+        if hurry:
+            await asyncio.gather(*(self._cancel(job.job_id, d.idx) for d in cancelled))
+        pool = self.config.pool(job.pool)
+        if pool is not None:
+            await asyncio.to_thread(scratch.remove, pool, job.job_id)
+        if job.state not in FINISHED:
+            state = "cancelled" if hurry and job.state != "staged_out" else "done"
+            self.store.set_job(job.job_id, state=state)
+        log.info("teardown", job_id=job.job_id, hurry=hurry)
+        return Reply.ok()
+
+    async def get_status(self, req: Request) -> Reply:
+        from bbstage import report  # noqa: PLC0415 - keeps the hot path small
+
+        return Reply.ok(report.bbstat(self, req.get("args") or [], req.get("uid")))
+
+    # -- staging ------------------------------------------------------------------------------
+
+    def _job(self, req: Request) -> JobRow:
+        job = self.store.job(req.job_id)
+        if job is None:
+            if req.get("uid") is None:
+                raise ValueError(
+                    f"job {req.job_id} is unknown to the staging daemon (its state was lost):"
+                    " requeue the job"
+                )
+            reply = self._create(req, req.job_id)  # 24.05+ hooks carry uid and gid
+            if reply.status != "ok":
+                raise ValueError(reply.message)
+            job = self.store.job(req.job_id)
+            assert job is not None
+        return job
+
+    async def _stage(self, req: Request, verb: str) -> Reply:
+        job = self._job(req)
+        staging, staged = _PHASE[verb]
+        if job.state in FINISHED:
+            return Reply.error(f"job {job.job_id} was already torn down ({job.state})")
+        if job.state != staged:
+            self.store.set_job(job.job_id, state=staging, error="")
+            job = self.store.job(job.job_id)
+            assert job is not None
+        futures = self._start_phase(job, verb)
+        if req.get("wait", True):
+            await asyncio.gather(*futures, return_exceptions=True)
+            return self._test(job.job_id, verb)
+        return Reply.ok()
+
+    def _start_phase(self, job: JobRow, verb: str) -> list[asyncio.Future[None]]:
+        """Start (or join) every unfinished directive of one direction."""
+        futures = []
+        for d in job.directives:
+            if d.verb != verb or d.state == DONE:
+                continue
+            if d.state == FAILED and (job.job_id, d.idx) not in self._active:
+                continue  # a recorded failure stands until teardown
+            futures.append(self._start(job, d))
+        return futures
+
+    def _start(self, job: JobRow, d: DirectiveRow) -> asyncio.Future[None]:
+        key = (job.job_id, d.idx)
+        if key in self._active:
+            return self._active[key]
+        assert job.uid is not None and job.gid is not None
+        identity = Identity.of(job.uid, job.gid)
+        spec = self._spec(job, d)
+        self.store.set_directive(job.job_id, d.idx, state=RUNNING, error="", started=time.time())
+
+        def on_event(event: tuple[Any, ...]) -> None:
+            if event[0] == "plan":
+                self.store.set_directive(
+                    job.job_id, d.idx, bytes_total=event[1], files_total=event[2]
+                )
+            elif event[0] == "progress":
+                self.store.set_directive(
+                    job.job_id, d.idx, bytes_done=event[1], files_done=event[2]
+                )
+
+        cf = self.executor.submit(f"{job.job_id}:{d.idx}", spec, identity, on_event)
+        future = asyncio.wrap_future(cf)
+        future.add_done_callback(lambda f: self._finished(job.job_id, d, f))
+        self._active[key] = future
+        log.info("transfer started", job_id=job.job_id, directive=d.idx, verb=d.verb)
+        return future
+
+    def _finished(self, job_id: str, d: DirectiveRow, future: asyncio.Future[None]) -> None:
+        self._active.pop((job_id, d.idx), None)
+        exc = None if future.cancelled() else future.exception()
+        if exc is None:
+            self.store.set_directive(job_id, d.idx, state=DONE, finished=time.time())
+            log.info("transfer done", job_id=job_id, directive=d.idx)
+        else:
+            state = CANCELLED if str(exc) == "cancelled" else FAILED
+            self.store.set_directive(
+                job_id, d.idx, state=state, error=str(exc), finished=time.time()
+            )
+            log.warning("transfer failed", job_id=job_id, directive=d.idx, error=str(exc))
+        self._settle(job_id, d.verb)
+
+    def _settle(self, job_id: str, verb: str) -> None:
+        """Move the job to ``staged_*`` or ``failed`` once a direction has finished."""
+        job = self.store.job(job_id)
+        if job is None or job.state != _PHASE[verb][0]:
+            return
+        mine = [d for d in job.directives if d.verb == verb]
+        if any(d.state in (PENDING, RUNNING) for d in mine):
+            return
+        failed = [d for d in mine if d.state in (FAILED, CANCELLED)]
+        if failed:
+            self.store.set_job(job_id, state="failed", error=_describe(failed[0]))
+        else:
+            self.store.set_job(job_id, state=_PHASE[verb][1])
+
+    def _test(self, job_id: str, verb: str) -> Reply:
+        job = self.store.job(job_id)
+        if job is None:
+            return Reply.error(f"job {job_id} is unknown to the staging daemon")
+        mine = [d for d in job.directives if d.verb == verb]
+        failed = [d for d in mine if d.state in (FAILED, CANCELLED)]
+        if failed:
+            return Reply.error(_describe(failed[0]))
+        if all(d.state == DONE for d in mine):
+            return Reply.ok()
+        return Reply.busy()
+
+    async def _cancel(self, job_id: str, idx: int) -> None:
+        future = self._active.get((job_id, idx))
+        await asyncio.to_thread(self.executor.cancel, f"{job_id}:{idx}")
+        if future is not None:
+            await asyncio.gather(future, return_exceptions=True)
+
+    def _spec(self, job: JobRow, d: DirectiveRow) -> dict[str, Any]:
+        spec = d.spec
+        options = spec.get("options", {})
+        return {
+            "job_id": job.job_id,
+            "source": scratch.resolve(spec["source"], job.scratch),
+            "destination": scratch.resolve(spec["destination"], job.scratch),
+            "source_kind": spec.get("source_kind", "posix"),
+            "destination_kind": spec.get("destination_kind", "posix"),
+            "tree": bool(spec.get("tree")),
+            "glob": bool(spec.get("glob")),
+            "checksum": options.get("checksum", "none"),
+            "overwrite": options.get("overwrite", "always"),
+            "threads": self.config.threads_per_transfer,
+            "chunk_size": self.config.chunk_size,
+            "extra": {"s3": self.config.s3, "profile": options.get("profile")},
+        }
+
+    def _free(self, pool_name: str) -> int:
+        pool = self.config.pool(pool_name)
+        assert pool is not None
+        used = sum(
+            j.size for j in self.store.jobs() if j.pool == pool_name and j.state not in FINISHED
+        )
+        return max(0, pool.capacity - used)
+
+
+def _describe(d: DirectiveRow) -> str:
+    return f"{d.verb} line {d.line}: {d.error or d.state}"

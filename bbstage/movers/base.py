@@ -1,0 +1,103 @@
+"""The one contract every mover implements, and the errors movers raise."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Kind = Literal["file", "dir", "link"]
+
+
+class TransferError(Exception):
+    """A transfer failed. ``permanent`` errors are not retried; the message is for the user."""
+
+    def __init__(self, message: str, *, permanent: bool = True) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+class Cancelled(TransferError):
+    """The transfer was cancelled (job teardown with hurry=true, or daemon shutdown)."""
+
+    def __init__(self) -> None:
+        super().__init__("cancelled", permanent=True)
+
+
+_PERMANENT = {
+    errno.ENOENT: "no such file or directory",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EISDIR: "is a directory",
+    errno.ENOTDIR: "not a directory",
+    errno.ELOOP: "refusing to follow a symbolic link",
+    errno.EEXIST: "already exists",
+    errno.ENAMETOOLONG: "file name too long",
+}
+
+
+def os_error(exc: OSError, path: str | None = None) -> TransferError:
+    """Turn an OSError into a TransferError whose message names the path."""
+    where = path or exc.filename or "?"
+    if exc.errno in _PERMANENT:
+        return TransferError(f"{_PERMANENT[exc.errno]}: {where}", permanent=True)
+    return TransferError(f"{exc.strerror or exc}: {where}", permanent=False)
+
+
+@dataclass(frozen=True)
+class FileTask:
+    """One entry of a plan: copy ``src`` to ``dst``."""
+
+    src: str
+    dst: str
+    kind: Kind = "file"
+    size: int = 0
+    mode: int | None = None
+    mtime_ns: int | None = None
+    target: str | None = None  # for links
+
+
+class Progress(Protocol):
+    """Where a mover reports what it did (thread-safe)."""
+
+    def add(self, nbytes: int) -> None: ...
+    def temp(self, path: str) -> None: ...
+
+
+@dataclass
+class MoverOptions:
+    job_id: str = "0"
+    threads: int = 8
+    chunk_size: int = 64 << 20
+    checksum: str = "none"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Mover(ABC):
+    """Moves data from one kind of location to another. One instance per transfer.
+
+    ``plan`` lists what to copy (expanding trees and globs); ``copy`` copies one entry,
+    writing to a temporary name beside the destination and renaming it into place only
+    when complete and verified. ``exists`` tells whether a destination is already current.
+    """
+
+    def __init__(self, options: MoverOptions) -> None:
+        self.options = options
+
+    @abstractmethod
+    def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]: ...
+
+    @abstractmethod
+    def copy(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None: ...
+
+    @abstractmethod
+    def current(self, task: FileTask) -> bool | None:
+        """True if ``task.dst`` already holds this file (same size and mtime), None if absent."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""

@@ -1,0 +1,43 @@
+"""Optional end-to-end checksums (``checksum=`` directive option)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import xxhash
+
+from bbstage.movers.base import TransferError
+
+ALGORITHMS: dict[str, Callable[[], Any]] = {
+    "xxh3": xxhash.xxh3_128,
+    "blake2b": hashlib.blake2b,
+}
+_BLOCK = 4 << 20
+
+
+def digest_fd(algorithm: str, fd: int) -> str:
+    h = ALGORITHMS[algorithm]()
+    offset = 0
+    while block := os.pread(fd, _BLOCK, offset):
+        h.update(block)
+        offset += len(block)
+    return h.hexdigest()
+
+
+def digest_path(algorithm: str, path: str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return digest_fd(algorithm, fd)
+    finally:
+        os.close(fd)
+
+
+def verify(algorithm: str, src_path: str, dst_fd: int) -> None:
+    """Compare the source file with what was written; a mismatch is retried."""
+    if algorithm not in ALGORITHMS:
+        raise TransferError(f"unknown checksum {algorithm!r} (use {', '.join(ALGORITHMS)})")
+    if digest_path(algorithm, src_path) != digest_fd(algorithm, dst_fd):
+        raise TransferError(f"checksum mismatch ({algorithm}): {src_path}", permanent=False)

@@ -1,0 +1,81 @@
+"""POSIX to POSIX (and scratch): ``copy_file_range`` in the kernel, big files in parallel chunks."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from bbstage.movers import localfs
+from bbstage.movers.base import Cancelled, FileTask, Mover, Progress, os_error
+from bbstage.movers.checksum import verify
+
+_STEP = 16 << 20  # bytes per copy_file_range call, and per progress report
+
+
+class PosixMover(Mover):
+    def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
+        return localfs.plan_local(src, dst, tree=tree, glob=glob)
+
+    def current(self, task: FileTask) -> bool | None:
+        return localfs.current(task)
+
+    def copy(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
+        if task.kind == "dir":
+            return localfs.make_dir(task)
+        if task.kind == "link":
+            return localfs.make_link(task, self.options.job_id)
+        try:
+            src = os.open(task.src, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise os_error(exc, task.src) from None
+        try:
+            with localfs.atomic_file(task, self.options.job_id, progress) as dst:
+                self._copy_data(src, dst, task.size, progress, cancel)
+                if self.options.checksum != "none":
+                    verify(self.options.checksum, task.src, dst)
+        finally:
+            os.close(src)
+
+    def _copy_data(
+        self, src: int, dst: int, size: int, progress: Progress, cancel: threading.Event
+    ) -> None:
+        chunk = self.options.chunk_size
+        if size < 2 * chunk or self.options.threads < 2:
+            _copy_range(src, dst, 0, size, progress, cancel)
+            return
+        os.ftruncate(dst, size)
+        ranges = [(off, min(chunk, size - off)) for off in range(0, size, chunk)]
+        with ThreadPoolExecutor(self.options.threads, thread_name_prefix="chunk") as pool:
+            futures = [
+                pool.submit(_copy_range, src, dst, off, n, progress, cancel) for off, n in ranges
+            ]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+
+
+def _copy_range(
+    src: int, dst: int, offset: int, count: int, progress: Progress, cancel: threading.Event
+) -> None:
+    """Copy ``count`` bytes at ``offset`` in the kernel, falling back to pread/pwrite."""
+    end = offset + count
+    while offset < end:
+        if cancel.is_set():
+            raise Cancelled()
+        want = min(_STEP, end - offset)
+        try:
+            n = os.copy_file_range(src, dst, want, offset, offset)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            n = os.pwrite(dst, os.pread(src, want, offset), offset)
+        if n == 0:  # source shrank under us
+            break
+        offset += n
+        progress.add(n)

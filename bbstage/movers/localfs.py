@@ -1,0 +1,159 @@
+"""Local-filesystem pieces shared by movers: planning a local source, and atomic writes."""
+
+from __future__ import annotations
+
+import glob as globmod
+import os
+import stat
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from bbstage.movers.base import FileTask, Progress, TransferError, os_error
+
+
+def plan_local(src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
+    """List a local source: one file, a tree (trailing ``/``) or a glob's matches."""
+    if glob:
+        matches = sorted(globmod.glob(src))
+        if not matches:
+            raise TransferError(f"no such file or directory: nothing matches {src}")
+        tasks: list[FileTask] = []
+        for match in matches:
+            target = os.path.join(dst, os.path.basename(match))
+            if os.path.isdir(match) and not os.path.islink(match):
+                tasks += _walk(match, target)
+            else:
+                tasks.append(_entry(match, target))
+        return tasks
+    if tree:
+        return _walk(src.rstrip("/") or "/", dst.rstrip("/"))
+    try:
+        st = os.stat(src)
+    except OSError as exc:
+        raise os_error(exc, src) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise TransferError(
+            f"is a directory: {src} (end the source and destination with / to stage a tree)"
+        )
+    return [FileTask(src, dst, "file", st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns)]
+
+
+def _entry(path: str, dst: str) -> FileTask:
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise os_error(exc, path) from None
+    if stat.S_ISLNK(st.st_mode):
+        return FileTask(path, dst, "link", target=os.readlink(path))
+    if stat.S_ISDIR(st.st_mode):
+        return FileTask(path, dst, "dir", mode=stat.S_IMODE(st.st_mode))
+    if not stat.S_ISREG(st.st_mode):
+        raise TransferError(f"not a regular file: {path}")
+    return FileTask(path, dst, "file", st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns)
+
+
+def _walk(root: str, dst_root: str) -> list[FileTask]:
+    """Every directory, file and link under ``root``; links are copied as links, never followed."""
+    try:
+        if not stat.S_ISDIR(os.stat(root).st_mode):
+            raise TransferError(f"not a directory: {root} (drop the trailing / to stage a file)")
+    except OSError as exc:
+        raise os_error(exc, root) from None
+    tasks = [FileTask(root, dst_root, "dir", mode=stat.S_IMODE(os.stat(root).st_mode))]
+
+    def onerror(exc: OSError) -> None:
+        raise os_error(exc)
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=onerror):
+        rel = os.path.relpath(dirpath, root)
+        target = dst_root if rel == "." else os.path.join(dst_root, rel)
+        for name in dirnames + filenames:
+            tasks.append(_entry(os.path.join(dirpath, name), os.path.join(target, name)))
+    return tasks
+
+
+def current(task: FileTask) -> bool | None:
+    """Is the local destination already this file? (size and mtime, as rsync's quick check)."""
+    try:
+        st = os.lstat(task.dst)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise os_error(exc, task.dst) from None
+    if task.kind != "file":
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == task.size and st.st_mtime_ns == task.mtime_ns
+
+
+def make_dir(task: FileTask) -> None:
+    try:
+        os.makedirs(task.dst, mode=0o700, exist_ok=True)
+        if task.mode is not None:
+            os.chmod(task.dst, task.mode)
+    except OSError as exc:
+        raise os_error(exc, task.dst) from None
+
+
+def make_link(task: FileTask, job_id: str) -> None:
+    tmp = temp_name(task.dst, job_id)
+    try:
+        os.makedirs(os.path.dirname(task.dst), mode=0o700, exist_ok=True)
+        os.symlink(task.target or "", tmp)
+        os.rename(tmp, task.dst)
+    except OSError as exc:
+        raise os_error(exc, task.dst) from None
+
+
+def temp_name(dst: str, job_id: str) -> str:
+    head, tail = os.path.split(dst)
+    return os.path.join(head, f".{tail}.bbstage-{job_id}-{uuid.uuid4().hex[:8]}.part")
+
+
+@contextmanager
+def atomic_file(task: FileTask, job_id: str, progress: Progress) -> Iterator[int]:
+    """Yield a write fd on a fresh temporary file beside ``task.dst``; rename it into place
+    (with the source's mode and mtime) only if the block completes; remove it otherwise."""
+    parent = os.path.dirname(task.dst)
+    try:
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise os_error(exc, parent) from None
+    tmp = temp_name(task.dst, job_id)
+    progress.temp(tmp)
+    try:
+        fd = os.open(
+            tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+    except OSError as exc:
+        raise os_error(exc, task.dst) from None
+    try:
+        try:
+            yield fd
+            written = os.fstat(fd).st_size
+            if written != task.size:
+                raise TransferError(
+                    f"size mismatch: {task.dst} has {written} bytes, {task.src} has {task.size}",
+                    permanent=False,
+                )
+            if task.mode is not None:
+                os.fchmod(fd, task.mode)
+            if task.mtime_ns is not None:
+                os.utime(fd, ns=(task.mtime_ns, task.mtime_ns))
+        finally:
+            os.close(fd)
+        os.rename(tmp, task.dst)
+    except BaseException as exc:
+        with _quiet():
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise os_error(exc, task.dst) from None
+        raise
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    try:
+        yield
+    except OSError:
+        pass

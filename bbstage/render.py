@@ -1,0 +1,50 @@
+"""Human-readable output of the CLI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def status(job: dict[str, Any]) -> None:
+    print(f"job {job['job_id']}: {job['state']}" + (f" ({job['error']})" if job["error"] else ""))
+    if job.get("scratch"):
+        print(f"scratch: {job['scratch']}")
+    for d in job["directives"]:
+        arrow = "in " if d["direction"] == "in" else "out"
+        progress = f"{_size(d['bytes_done'])}/{_size(d['bytes_total'])}"
+        files = f"{d['files_done']}/{d['files_total']} files"
+        rate = f"{_size(d['rate_bytes_per_s'])}/s" if d["rate_bytes_per_s"] else "-"
+        eta = f"eta {d['eta_s']:.0f}s" if d.get("eta_s") else ""
+        print(
+            f"  #{d['index']} {arrow} {d['state']:<9} {d['source']} -> {d['destination']}"
+            f"  {progress}  {files}  {rate} {eta}".rstrip()
+        )
+        if d["error"]:
+            print(f"      error: {d['error']}")
+
+
+def jobs(rows: list[dict[str, Any]]) -> None:
+    print(f"{'JOBID':>8} {'UID':>6} {'STATE':<12} {'DIRECTIVES':>10} {'PROGRESS':>22}")
+    for r in rows:
+        progress = f"{_size(r['bytes_done'])}/{_size(r['bytes_total'])}"
+        print(
+            f"{r['job_id']:>8} {r['uid']!s:>6} {r['state']:<12}"
+            f" {r['done']:>4}/{r['directives']:<5} {progress:>22}"
+        )
+
+
+def pools(rows: dict[str, dict[str, int]]) -> None:
+    print(f"{'POOL':<12} {'CAPACITY':>12} {'RESERVED':>12} {'FREE':>12}")
+    for name, p in rows.items():
+        print(
+            f"{name:<12} {_size(p['capacity']):>12} {_size(p['reserved']):>12}"
+            f" {_size(p['free']):>12}"
+        )

@@ -1,0 +1,117 @@
+"""What users and admins see: status of a job, the job list, pools, and `scontrol show bbstat`."""
+
+from __future__ import annotations
+
+import grp
+import pwd
+import time
+from typing import TYPE_CHECKING, Any
+
+from bbstage import scratch
+from bbstage.state import JobRow
+
+if TYPE_CHECKING:
+    from bbstage.engine import Engine
+
+
+def may_see(config_admin_group: str | None, caller_uid: int, job: JobRow) -> bool:
+    """Root, members of the admin group and the job's owner see a job; nobody else."""
+    if caller_uid == 0 or caller_uid == job.uid:
+        return True
+    if not config_admin_group:
+        return False
+    try:
+        group = grp.getgrnam(config_admin_group)
+        name = pwd.getpwuid(caller_uid).pw_name
+    except KeyError:
+        return False
+    return name in group.gr_mem or pwd.getpwuid(caller_uid).pw_gid == group.gr_gid
+
+
+def job_status(job: JobRow) -> dict[str, Any]:
+    """A job's state and one entry per directive, with rate and ETA while it runs."""
+    now = time.time()
+    rows = []
+    for d in job.directives:
+        elapsed = ((d.finished or now) - d.started) if d.started else 0.0
+        rate = d.bytes_done / elapsed if elapsed > 0 else 0.0
+        left = max(0, d.bytes_total - d.bytes_done)
+        rows.append(
+            {
+                "index": d.idx,
+                "line": d.line,
+                "direction": "in" if d.verb == "stage_in" else "out",
+                "source": d.source,
+                "destination": d.destination,
+                "state": d.state,
+                "bytes_done": d.bytes_done,
+                "bytes_total": d.bytes_total,
+                "files_done": d.files_done,
+                "files_total": d.files_total,
+                "rate_bytes_per_s": round(rate, 1),
+                "eta_s": round(left / rate, 1) if d.state == "running" and rate > 0 else None,
+                "error": d.error,
+            }
+        )
+    return {
+        "job_id": job.job_id,
+        "uid": job.uid,
+        "state": job.state,
+        "error": job.error,
+        "pool": job.pool,
+        "capacity": job.size,
+        "scratch": job.scratch,
+        "updated": job.updated,
+        "directives": rows,
+    }
+
+
+def jobs_summary(jobs: list[JobRow]) -> list[dict[str, Any]]:
+    out = []
+    for job in jobs:
+        ds = job.directives
+        out.append(
+            {
+                "job_id": job.job_id,
+                "uid": job.uid,
+                "state": job.state,
+                "directives": len(ds),
+                "done": sum(d.state == "done" for d in ds),
+                "bytes_done": sum(d.bytes_done for d in ds),
+                "bytes_total": sum(d.bytes_total for d in ds),
+            }
+        )
+    return out
+
+
+def pools(engine: Engine) -> dict[str, dict[str, int]]:
+    reserved: dict[str, int] = {}
+    for job in engine.store.jobs():
+        if job.pool and job.state not in ("done", "failed", "cancelled"):
+            reserved[job.pool] = reserved.get(job.pool, 0) + job.size
+    return scratch.in_use(engine.config.pools, reserved)
+
+
+def bbstat(engine: Engine, args: list[str], uid: str | None) -> str:
+    """Text for `scontrol show bbstat [JOBID]`.
+
+    Slurm 22.05 does not tell the hook who asks, so without a uid this shows states and
+    byte counts but never a path; with a uid (24.05+) the caller's own jobs show in full.
+    """
+    job_ids = [a for a in args if a.isdigit()]
+    jobs = (
+        [j for j in (engine.store.job(i) for i in job_ids) if j]
+        if job_ids
+        else (engine.store.jobs(("setup", "staging_in", "staged_in", "running", "staging_out")))
+    )
+    lines = [f"{'JOBID':>8} {'STATE':<12} {'DONE':>9} {'BYTES':>20}"]
+    for job in jobs:
+        s = jobs_summary([job])[0]
+        lines.append(
+            f"{job.job_id:>8} {job.state:<12} {s['done']:>4}/{s['directives']:<4}"
+            f" {s['bytes_done']:>9}/{s['bytes_total']:<10}"
+        )
+        full = uid is not None and uid.isdigit() and may_see(None, int(uid), job)
+        for d in job.directives if full else []:
+            lines.append(f"{'':>8}   #{d.idx} {d.verb} {d.source} -> {d.destination}: {d.state}")
+    return "\n".join(lines) + "\n"

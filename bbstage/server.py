@@ -1,0 +1,139 @@
+"""The daemon's sockets: a ZeroMQ ROUTER for the Slurm hooks, a Unix socket for users."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from bbstage import protocol, report
+from bbstage.engine import Engine
+from bbstage.protocol import ERROR, OK, ProtocolError, Reply
+
+log = structlog.get_logger("bbstage.server")
+_MAX_USER_REQUEST = 64 << 10
+
+
+class Server:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self._ctx = zmq.asyncio.Context()
+        self._router: zmq.asyncio.Socket | None = None
+        self._users: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        control = self.config.socket
+        control.parent.mkdir(parents=True, exist_ok=True)
+        with _umask(0o177):
+            _unlink_stale(control)
+            self._router = self._ctx.socket(zmq.ROUTER)
+            self._router.setsockopt(zmq.LINGER, 0)
+            self._router.bind(f"ipc://{control}")
+        if self.config.control_group:
+            import grp  # noqa: PLC0415
+
+            os.chown(control, 0, grp.getgrnam(self.config.control_group).gr_gid)
+            os.chmod(control, 0o660)
+        users = self.config.user_socket
+        users.parent.mkdir(parents=True, exist_ok=True)
+        _unlink_stale(users)
+        self._users = await asyncio.start_unix_server(
+            self._serve_user, path=str(users), limit=_MAX_USER_REQUEST
+        )
+        os.chmod(users, 0o666)
+        log.info("listening", control=str(control), user=str(users))
+
+    async def serve_forever(self) -> None:
+        assert self._router is not None
+        while True:
+            frames = await self._router.recv_multipart()
+            task = asyncio.create_task(self._serve_hook(frames))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve_hook(self, frames: list[bytes]) -> None:
+        # A REQ peer's message: [routing id, empty delimiter, request]
+        if len(frames) != 3 or frames[1] != b"":
+            log.warning("malformed message", frames=len(frames))
+            return
+        try:
+            request = protocol.decode_request(frames[2], protocol.HOOK_OPS)
+            reply = await self.engine.handle(request)
+        except ProtocolError as exc:
+            reply = Reply.error(f"bad request: {exc}")
+        except Exception as exc:
+            log.exception("request failed")
+            reply = Reply.error(f"staging daemon internal error: {exc}")
+        assert self._router is not None
+        await self._router.send_multipart([frames[0], b"", *protocol.reply_frames(reply)])
+
+    async def _serve_user(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            sock = writer.get_extra_info("socket")
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _pid, uid, _gid = struct.unpack("3i", creds)
+            try:
+                line = await asyncio.wait_for(reader.readline(), 10)
+                request = protocol.decode_request(line, protocol.USER_OPS)
+                body = self._answer_user(request, uid)
+            except ProtocolError as exc:
+                body = protocol.encode_user_reply(ERROR, message=f"bad request: {exc}")
+            except (ValueError, asyncio.LimitOverrunError, TimeoutError):
+                body = protocol.encode_user_reply(ERROR, message="bad request")
+            writer.write(body)
+            await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    def _answer_user(self, request: protocol.Request, uid: int) -> bytes:
+        engine, admin = self.engine, self.config.admin_group
+        if request.op == "ping":
+            return protocol.encode_user_reply(OK, result={"uid": uid})
+        if request.op == "status":
+            job = engine.store.job(request.job_id)
+            if job is None or not report.may_see(admin, uid, job):
+                return protocol.encode_user_reply(
+                    ERROR, message=f"job {request.job_id}: no staging job of yours with this id"
+                )
+            return protocol.encode_user_reply(OK, result=report.job_status(job))
+        if request.op == "jobs":
+            visible = [j for j in engine.store.jobs() if report.may_see(admin, uid, j)]
+            return protocol.encode_user_reply(OK, result=report.jobs_summary(visible))
+        return protocol.encode_user_reply(OK, result=report.pools(engine))
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._users is not None:
+            self._users.close()
+        if self._router is not None:
+            self._router.close(0)
+        self._ctx.term()
+        for path in (self.config.socket, self.config.user_socket):
+            _unlink_stale(path)
+
+
+def _unlink_stale(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+@contextlib.contextmanager
+def _umask(mask: int) -> Iterator[None]:
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)

@@ -1,0 +1,206 @@
+"""Durable job and directive state in SQLite (WAL), keyed by (job id, directive index)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Job states, in lifecycle order; "failed" and "cancelled" can follow any of them.
+JOB_STATES = (
+    "setup",
+    "staging_in",
+    "staged_in",
+    "running",
+    "staging_out",
+    "staged_out",
+    "done",
+    "failed",
+    "cancelled",
+)
+# Directive states.
+PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "failed", "cancelled"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    uid INTEGER, gid INTEGER,
+    pool TEXT, size INTEGER, scratch TEXT,
+    state TEXT NOT NULL,
+    error TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL, updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS directives (
+    job_id TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    line INTEGER NOT NULL,
+    verb TEXT NOT NULL,
+    source TEXT NOT NULL, destination TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    bytes_done INTEGER NOT NULL DEFAULT 0, bytes_total INTEGER NOT NULL DEFAULT 0,
+    files_done INTEGER NOT NULL DEFAULT 0, files_total INTEGER NOT NULL DEFAULT 0,
+    error TEXT NOT NULL DEFAULT '',
+    started REAL, finished REAL,
+    PRIMARY KEY (job_id, idx)
+);
+"""
+
+
+@dataclass
+class DirectiveRow:
+    job_id: str
+    idx: int
+    line: int
+    verb: str
+    source: str
+    destination: str
+    spec: dict[str, Any]
+    state: str = PENDING
+    bytes_done: int = 0
+    bytes_total: int = 0
+    files_done: int = 0
+    files_total: int = 0
+    error: str = ""
+    started: float | None = None
+    finished: float | None = None
+
+
+@dataclass
+class JobRow:
+    job_id: str
+    uid: int | None
+    gid: int | None
+    pool: str | None
+    size: int
+    scratch: str | None
+    state: str
+    error: str
+    created: float
+    updated: float
+    directives: list[DirectiveRow] = field(default_factory=list)
+
+
+class Store:
+    """A thread-safe handle on the state database."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            else:
+                self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def create_job(
+        self,
+        job_id: str,
+        *,
+        uid: int | None,
+        gid: int | None,
+        pool: str | None,
+        size: int,
+        scratch: str | None,
+        directives: list[dict[str, Any]],
+    ) -> None:
+        """(Re)create a job and its directives; any earlier record of the job id is replaced."""
+        now = time.time()
+        with self._tx() as db:
+            db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+            db.execute(
+                "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, 'setup', '', ?, ?)",
+                (job_id, uid, gid, pool, size, scratch, now, now),
+            )
+            db.executemany(
+                "INSERT INTO directives (job_id, idx, line, verb, source, destination, spec)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        job_id,
+                        d["index"],
+                        d["line"],
+                        d["verb"],
+                        d["source"],
+                        d["destination"],
+                        json.dumps(d),
+                    )
+                    for d in directives
+                ],
+            )
+
+    def set_job(self, job_id: str, **values: Any) -> None:
+        values["updated"] = time.time()
+        cols = ", ".join(f"{k} = ?" for k in values)
+        with self._tx() as db:
+            db.execute(f"UPDATE jobs SET {cols} WHERE job_id = ?", (*values.values(), job_id))
+
+    def job(self, job_id: str) -> JobRow | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            if row is None:
+                return None
+            job = JobRow(**dict(row))
+            job.directives = [
+                _directive(r)
+                for r in self._db.execute(
+                    "SELECT * FROM directives WHERE job_id = ? ORDER BY idx", (job_id,)
+                )
+            ]
+        return job
+
+    def jobs(self, states: tuple[str, ...] | None = None) -> list[JobRow]:
+        with self._lock:
+            ids = [r[0] for r in self._db.execute("SELECT job_id FROM jobs ORDER BY created")]
+        found = [j for j in (self.job(i) for i in ids) if j is not None]
+        return [j for j in found if states is None or j.state in states]
+
+    def delete_finished(self, older_than: float) -> int:
+        """Forget finished jobs last updated before ``older_than`` (retention)."""
+        with self._tx() as db:
+            cur = db.execute(
+                "DELETE FROM jobs WHERE state IN ('done', 'failed', 'cancelled') AND updated < ?",
+                (older_than,),
+            )
+            return cur.rowcount
+
+    # -- directives -------------------------------------------------------------------------
+
+    def set_directive(self, job_id: str, idx: int, **values: Any) -> None:
+        cols = ", ".join(f"{k} = ?" for k in values)
+        with self._tx() as db:
+            db.execute(
+                f"UPDATE directives SET {cols} WHERE job_id = ? AND idx = ?",
+                (*values.values(), job_id, idx),
+            )
+
+
+def _directive(row: sqlite3.Row) -> DirectiveRow:
+    values = dict(row)
+    values["spec"] = json.loads(values["spec"])
+    return DirectiveRow(**values)

@@ -1,0 +1,195 @@
+"""One transfer, run in a worker process that has dropped to the job owner's identity.
+
+The parent (``bbstage.executor``) sends a spec; the worker plans the copy, copies many files
+(or the chunks of one big file) concurrently, and reports events over a pipe:
+``("plan", bytes, files)``, ``("progress", bytes, files)``, ``("temp", path)``, then one of
+``("done",)`` or ``("error", message, permanent)``.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from multiprocessing.connection import Connection
+from typing import Any
+
+from bbstage import movers
+from bbstage.identity import Identity
+from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
+
+RETRIES = 5
+BACKOFF_CAP = 8.0
+_REPORT_EVERY = 0.25
+
+
+class _Reporter:
+    """Thread-safe progress sink that batches reports to the parent."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn, self._lock = conn, threading.Lock()
+        self.bytes = self.files = 0
+        self._last = 0.0
+
+    def send(self, *event: Any) -> None:
+        with self._lock:
+            self._conn.send(event)
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes += nbytes
+            self._maybe_report()
+
+    def file_done(self) -> None:
+        with self._lock:
+            self.files += 1
+            self._maybe_report()
+
+    def temp(self, path: str) -> None:
+        self.send("temp", path)
+
+    def _maybe_report(self) -> None:
+        now = time.monotonic()
+        if now - self._last >= _REPORT_EVERY:
+            self._last = now
+            self._conn.send(("progress", self.bytes, self.files))
+
+    def flush(self) -> None:
+        self.send("progress", self.bytes, self.files)
+
+
+def main(conn: Connection, spec: dict[str, Any], identity: Identity) -> None:
+    """Process entry point: drop privileges, run the transfer, report, exit."""
+    cancel = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: cancel.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    reporter = _Reporter(conn)
+    try:
+        _become(identity)
+        run(spec, reporter, cancel)
+        reporter.flush()
+        reporter.send("done")
+    except TransferError as exc:
+        reporter.send("error", str(exc), exc.permanent)
+    except Exception as exc:  # a bug: report it rather than die silently
+        reporter.send("error", f"internal error: {type(exc).__name__}: {exc}", True)
+    finally:
+        conn.close()
+
+
+def _become(identity: Identity) -> None:
+    """Assume the user's identity and environment: their HOME, none of root's credentials."""
+    identity.assume()
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        del os.environ[name]
+    try:
+        os.environ["HOME"] = pwd.getpwuid(identity.uid).pw_dir
+    except KeyError:
+        os.environ.pop("HOME", None)
+
+
+def run(spec: dict[str, Any], reporter: _Reporter, cancel: threading.Event) -> None:
+    """Plan and copy one directive's data (in the current identity)."""
+    options = MoverOptions(
+        job_id=str(spec["job_id"]),
+        threads=int(spec.get("threads", 8)),
+        chunk_size=int(spec.get("chunk_size", 64 << 20)),
+        checksum=spec.get("checksum", "none"),
+        extra=dict(spec.get("extra", {})),
+    )
+    mover = movers.get(spec["source_kind"], spec["destination_kind"])(options)
+    try:
+        tasks = _with_retries(
+            lambda: mover.plan(
+                spec["source"], spec["destination"], tree=spec["tree"], glob=spec["glob"]
+            ),
+            cancel,
+        )
+        tasks = _select(mover, tasks, spec.get("overwrite", "always"))
+        reporter.send("plan", sum(t.size for t in tasks), sum(1 for t in tasks if t.kind == "file"))
+        _copy_all(mover, tasks, reporter, cancel, options.threads)
+    finally:
+        mover.close()
+
+
+def _select(mover: Mover, tasks: list[FileTask], overwrite: str) -> list[FileTask]:
+    """Drop what is already in place; refuse to replace files when ``overwrite=never``."""
+    chosen = []
+    for task in tasks:
+        state = mover.current(task)
+        if state is True:
+            continue  # already staged (e.g. before a daemon restart)
+        if state is False and task.kind == "file":
+            if overwrite == "never":
+                raise TransferError(f"destination exists and overwrite=never: {task.dst}")
+            if overwrite == "newer" and _dst_newer(task):
+                continue
+        chosen.append(task)
+    return chosen
+
+
+def _dst_newer(task: FileTask) -> bool:
+    try:
+        return os.stat(task.dst).st_mtime_ns >= (task.mtime_ns or 0)
+    except OSError:
+        return False
+
+
+def _copy_all(
+    mover: Mover,
+    tasks: list[FileTask],
+    reporter: _Reporter,
+    cancel: threading.Event,
+    threads: int,
+) -> None:
+    """Directories first (in order), then files and links concurrently."""
+    for task in tasks:
+        if task.kind == "dir":
+            mover.copy(task, reporter, cancel)
+    files = [t for t in tasks if t.kind != "dir"]
+
+    def one(task: FileTask) -> None:
+        _with_retries(lambda: mover.copy(task, reporter, cancel), cancel)
+        if task.kind == "file":
+            reporter.file_done()
+
+    if len(files) == 1:
+        one(files[0])
+        return
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="file") as pool:
+        futures = [pool.submit(one, t) for t in files]
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in done if f.exception()), None)
+        if failed is not None:
+            cancel.set()
+            for f in pending:
+                f.cancel()
+            raise failed.exception()  # type: ignore[misc]
+
+
+def _with_retries(action: Any, cancel: threading.Event) -> Any:
+    """Run ``action``; retry transient errors with capped exponential backoff."""
+    delay = 0.2
+    for attempt in range(RETRIES + 1):
+        try:
+            return action()
+        except (TransferError, OSError) as exc:
+            err = exc if isinstance(exc, TransferError) else movers.base.os_error(exc)
+            if err.permanent or attempt == RETRIES or cancel.is_set():
+                raise err from None
+        if cancel.wait(delay):
+            raise movers.Cancelled()
+        delay = min(delay * 2, BACKOFF_CAP)
+
+
+def cleanup(paths: list[str], identity: Identity) -> None:
+    """Remove temporary files left by a killed worker, as the user who wrote them."""
+    identity.assume()
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

@@ -1,0 +1,90 @@
+"""The worker's transfer loop: planning, skipping what is staged, retries, overwrite policy."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bbstage import worker
+from bbstage.movers import TransferError
+
+
+class Conn:
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def send(self, event: tuple[Any, ...]) -> None:
+        self.events.append(event)
+
+
+def spec(src: Path | str, dst: Path | str, **kw: Any) -> dict[str, Any]:
+    return {
+        "job_id": "7",
+        "source": str(src),
+        "destination": str(dst),
+        "source_kind": "posix",
+        "destination_kind": "posix",
+        "tree": str(src).endswith("/"),
+        "glob": False,
+        **kw,
+    }
+
+
+def run(s: dict[str, Any]) -> Conn:
+    conn = Conn()
+    worker.run(s, worker._Reporter(conn), threading.Event())  # type: ignore[arg-type]
+    return conn
+
+
+def test_many_small_files_and_plan_event(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(200):
+        (src / f"f{i}").write_bytes(b"x" * i)
+    conn = run(spec(f"{src}/", f"{tmp_path}/dst/"))
+    assert ("plan", sum(range(200)), 200) in conn.events
+    assert len(list((tmp_path / "dst").iterdir())) == 200
+
+
+def test_second_run_skips_what_is_staged(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("hello")
+    run(spec(tmp_path / "f", tmp_path / "g"))
+    conn = run(spec(tmp_path / "f", tmp_path / "g"))
+    assert ("plan", 0, 0) in conn.events
+
+
+def test_overwrite_never_refuses(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("new")
+    (tmp_path / "g").write_text("old!")
+    with pytest.raises(TransferError, match="overwrite=never"):
+        run(spec(tmp_path / "f", tmp_path / "g", overwrite="never"))
+    assert (tmp_path / "g").read_text() == "old!"
+
+
+def test_transient_errors_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker, "BACKOFF_CAP", 0.01)
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise TransferError("connection reset", permanent=False)
+        return "ok"
+
+    assert worker._with_retries(flaky, threading.Event()) == "ok"
+    assert len(calls) == 3
+
+
+def test_permanent_errors_are_not_retried() -> None:
+    calls = []
+
+    def denied() -> None:
+        calls.append(1)
+        raise PermissionError(13, "Permission denied", "/secret")
+
+    with pytest.raises(TransferError, match="permission denied: /secret"):
+        worker._with_retries(denied, threading.Event())
+    assert len(calls) == 1
