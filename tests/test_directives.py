@@ -100,6 +100,13 @@ def test_corpus_size_and_codes() -> None:
         assert f"`{code}`" in documented, code
 
 
+def test_message_templates_identical() -> None:
+    lua_src = (ROOT / "lua" / "bbstage" / "directives.lua").read_text(encoding="utf-8")
+    block = lua_src.split("local MSGS = [[\n\n", 1)[1].split("\n]]", 1)[0]
+    lua_msgs = dict(line.split("\t", 1) for line in block.split("\n"))
+    assert lua_msgs == directives.MESSAGES
+
+
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
 def test_corpus_python(path: Path) -> None:
     case = _load(path)

@@ -1,342 +1,317 @@
 -- #BB_LUA directive parser for slurm_bb_job_process (grammar: docs/directives.md).
--- Mirrors bbstage/directives.py check for check and message for message;
--- tests/corpus keeps them in step. Lua 5.1, string functions only, linear time.
+-- Mirrors bbstage/directives.py check for check; tests/corpus keeps the two in step.
+-- Lua 5.1, string functions only, linear time, stops at the end of the script header.
+-- slurmctld compiles this on every submission: keep it short (messages live in one string).
 local M = {}
-local find, sub, byte, match, upper, concat = string.find, string.sub, string.byte,
-  string.match, string.upper, table.concat
-local tostring, type, pcall, error, tonumber, ipairs = tostring, type, pcall, error, tonumber, ipairs
+local find, sub, byte, match, upper, format = string.find, string.sub, string.byte, string.match,
+	string.upper, string.format
+local concat, unpack, error, pcall, type, tonumber = table.concat, unpack, error, pcall, type, tonumber
+local ipairs, select, tostring = ipairs, select, tostring
 
 M.MAX_SCRIPT_BYTES, M.MAX_LINE_BYTES, M.MAX_DIRECTIVES, M.MAX_ERRORS = 4194304, 4096, 256, 20
-local MAX_LINE, MAX_CAPACITY = M.MAX_LINE_BYTES, 2 ^ 53
-local LOC_HINT = "use an absolute path, $BB_SCRATCH/..., or s3://bucket/key"
-local NAME_HINT = "use 1-64 characters A-Z a-z 0-9 _ . -"
+local MAX_LINE = 4096
 local UNITS = { [""] = 1, K = 2 ^ 10, M = 2 ^ 20, G = 2 ^ 30, T = 2 ^ 40, P = 2 ^ 50 }
 local STAGE_KEYS = { source = 1, destination = 1, checksum = 1, overwrite = 1, profile = 1 }
-local VALUES = { checksum = { none = 1, xxh3 = 1, blake2b = 1 },
-  overwrite = { always = 1, never = 1, newer = 1 } }
+local VALUES = { checksum = { none = 1, xxh3 = 1, blake2b = 1 }, overwrite = { always = 1, never = 1, newer = 1 } }
 local HINTS = { checksum = "none, xxh3 or blake2b", overwrite = "always, never or newer" }
+-- "key<TAB>template": the code is the key up to "/"; identical to MESSAGES in directives.py.
+local MSGS = [[
 
-local function fail(code, msg) error({ code = code, msg = msg }, 0) end
+script-too-large	script: %d bytes is over the %d byte limit: shorten the script
+too-many-directives	more than %d directive lines: stage a directory tree or a wildcard instead of single files
+line-too-long	directive line is %d bytes, over the %d byte limit: shorten the paths or stage a directory
+crlf	line ends with a carriage return (DOS line ending): convert the script with dos2unix
+control-char	control character 0x%02x in directive: remove it
+continuation	line ends with "\": continuation lines are not supported: put the whole directive on one line
+missing-value/sbatch	#SBATCH --bb has no value: write #SBATCH --bb="#BB_LUA ..."
+bad-bb-option	#SBATCH --bb value must start with #BB_LUA (Slurm inserts it into the script as a line): write #SBATCH --bb="#BB_LUA ..."
+bad-token/key	"=" without a key: write key=value
+unterminated-quote	unterminated quote in value of "%s": add the closing "
+bad-escape	bad escape in quoted value of "%s": only \" and \\ are allowed inside quotes
+bad-quote/after	text after the closing quote in value of "%s": put a space after the closing "
+bad-quote/stray	stray quote in value of "%s": quote the whole value, e.g. %s="/a b/c"
+bad-token	"%s" is not key=value: write key=value
+unknown-verb	unknown verb "%s": use stage_in or stage_out (or pool=NAME capacity=SIZE on a line of its own)
+unknown-key	unknown key "%s": use source, destination, checksum, overwrite or profile
+unknown-key/pool	pool= and capacity= go on a #BB_LUA line of their own
+unknown-key/verbless	unknown key "%s" on a line without a verb: start the line with stage_in or stage_out, or use only pool= and capacity=
+duplicate-key	"%s" given twice: keep one
+empty-value	empty value for "%s": give a value
+missing-value	missing %s=: add %s=<location>
+unknown-variable	"%s" in %s: only a leading $BB_SCRATCH is expanded (use %%u for the user name, %%j for the job id)
+bad-scheme	unsupported scheme in %s "%s": use an absolute path, $BB_SCRATCH/..., or s3://bucket/key
+bad-bucket/key	%s "%s" has no key part: write s3://bucket/ for a whole bucket or s3://bucket/key
+bad-bucket	bad S3 bucket in %s "%s": bucket names have 3-63 characters a-z 0-9 . - and start and end with a letter or digit
+relative-path	relative path "%s" in %s: use an absolute path, $BB_SCRATCH/..., or s3://bucket/key
+dot-dot	".." component in %s "%s": write the path without ..
+bad-glob	wildcard in %s "%s": wildcards are only allowed in a stage_in source
+bad-glob/tree	wildcard source "%s" ends with /: drop the / or the wildcard
+bad-glob/first	wildcard in the first directory of source "%s": start with a literal directory, e.g. /data/...
+bad-glob/bracket	unclosed [ in source "%s": close it with ]
+bad-glob/dest	destination "%s" of a wildcard source must be a directory ending in /: add the /
+tree-mismatch	source "%s" and destination "%s" must both be directories (ending in /) or both files
+bad-option-value	%s="%s" is not allowed: use %s
+bad-option-value/profile	profile="%s" is not a valid profile name: use 1-64 characters A-Z a-z 0-9 _ . -
+bad-option-value/pool	pool="%s" is not a valid pool name: use 1-64 characters A-Z a-z 0-9 _ . -
+profile-without-s3	profile= applies only to s3:// locations: remove it
+capacity-in-value	"capacity=" inside a value would be read by Slurm as a capacity request: rename the path
+duplicate-destination	destination "%s" is also written by line %d: give each directive its own destination
+bad-quote/pool	value of "%s" must not be quoted (Slurm reads pool= and capacity= verbatim)
+capacity-without-pool	capacity= needs pool=: write pool=NAME capacity=SIZE
+bad-size	bad capacity "%s": use a whole number of bytes with an optional K, M, G, T or P suffix (binary units), above 0 and below 8P
+duplicate-pool	pool=/capacity= already given on line %d: use one line
+internal-error	%s
+]]
+
+local function fail(...) error({ ... }, 0) end
+
+local function err(line, ctx, key, ...)
+	local _, e = find(MSGS, "\n" .. key .. "\t", 1, true)
+	local msg = format(sub(MSGS, e + 1, find(MSGS, "\n", e + 1, true) - 1), ...)
+	return { line = line, code = match(key, "^[^/]*"), message = ctx .. msg }
+end
 
 local function strip(s)
-  local a = find(s, "[^ \t]")
-  if not a then return "" end
-  local e = #s
-  while byte(s, e) == 32 or byte(s, e) == 9 do e = e - 1 end
-  return sub(s, a, e)
+	local a, e = find(s, "[^ \t]"), #s
+	if not a then return "" end
+	while byte(s, e) == 32 or byte(s, e) == 9 do e = e - 1 end
+	return sub(s, a, e)
 end
 
-local function is_name(s) return #s <= 64 and find(s, "^[A-Za-z0-9_%.%-]+$") ~= nil end
+local function is_name(s) return #s <= 64 and find(s, "^[A-Za-z0-9_%.%-]+$") end
 
--- Directive lines of the header: { {n, raw, is_sbatch}, ... } and the set of #BB_LUA contents.
+local function sbatch_content(raw) -- spec of "#SBATCH --bb", then its content after #BB_LUA (or nil)
+	local _, e = find(raw, "^#SBATCH[ \t]+%-%-bb=?")
+	local spec = strip(sub(raw, e + 1))
+	if #spec > 1 and byte(spec) == 34 and byte(spec, -1) == 34 then spec = sub(spec, 2, -2) end
+	local c = byte(spec, 8)
+	if sub(spec, 1, 7) == "#BB_LUA" and (not c or c == 32 or c == 9) then return spec, strip(sub(spec, 8)) end
+	return spec
+end
+
+-- Directive lines of the header ({n, raw, is_sbatch}) and the set of #BB_LUA contents.
 local function header(text)
-  local out, seen = {}, {}
-  local pos, n, len = 1, 0, #text
-  while pos <= len do
-    n = n + 1
-    local e = find(text, "\n", pos, true) or len + 1
-    local c = byte(text, pos)
-    if c ~= 35 then
-      if e ~= pos then break end
-    else
-      c = byte(text, pos + 1)
-      if c == 66 and sub(text, pos, pos + 6) == "#BB_LUA" then
-        c = byte(text, pos + 7)
-        if e == pos + 7 or c == 32 or c == 9 then
-          local raw = sub(text, pos, e - 1)
-          out[#out + 1] = { n, raw, false }
-          if #raw <= MAX_LINE then seen[strip(sub(raw, 8))] = true end
-        end
-      elseif c == 83 and sub(text, pos, pos + 6) == "#SBATCH" then
-        local raw = sub(text, pos, e - 1)
-        local _, me = find(raw, "^#SBATCH[ \t]+%-%-bb")
-        c = me and byte(raw, me + 1)
-        if me and (c == nil or c == 61 or c == 32 or c == 9) then out[#out + 1] = { n, raw, true } end
-      end
-    end
-    pos = e + 1
-  end
-  return out, seen
+	local out, seen, pos, n, len = {}, {}, 1, 0, #text
+	while pos <= len do
+		n = n + 1
+		local e = find(text, "\n", pos, true) or len + 1
+		local c = byte(text, pos)
+		if c ~= 35 then
+			if e ~= pos then break end
+		else
+			c = byte(text, pos + 1)
+			if c == 66 and sub(text, pos, pos + 6) == "#BB_LUA" then
+				c = byte(text, pos + 7)
+				if e == pos + 7 or c == 32 or c == 9 then
+					local raw = sub(text, pos, e - 1)
+					out[#out + 1] = { n, raw, false }
+					if e - pos <= MAX_LINE then seen[strip(sub(raw, 8))] = true end
+				end
+			elseif c == 83 and sub(text, pos, pos + 6) == "#SBATCH" then
+				local raw = sub(text, pos, e - 1)
+				local _, me = find(raw, "^#SBATCH[ \t]+%-%-bb")
+				c = me and byte(raw, me + 1)
+				if me and (not c or c == 61 or c == 32 or c == 9) then out[#out + 1] = { n, raw, true } end
+			end
+		end
+		pos = e + 1
+	end
+	return out, seen
 end
 
-local function sbatch_spec(raw)
-  local _, me = find(raw, "^#SBATCH[ \t]+%-%-bb")
-  if byte(raw, me + 1) == 61 then me = me + 1 end
-  local spec = strip(sub(raw, me + 1))
-  if #spec >= 2 and byte(spec, 1) == 34 and byte(spec, -1) == 34 then spec = sub(spec, 2, -2) end
-  return spec
-end
-
-local function bb_content(spec)
-  local c = byte(spec, 8)
-  if sub(spec, 1, 7) == "#BB_LUA" and (c == nil or c == 32 or c == 9) then return strip(sub(spec, 8)) end
-end
-
--- Split content into { {k = key or nil, v = value, q = quoted}, ... }.
-local function tokenize(s, ctx)
-  local toks, p, n = {}, 1, #s
-  while true do
-    p = find(s, "[^ \t]", p)
-    if not p then return toks end
-    local q = find(s, "[ \t=]", p) or n + 1
-    if byte(s, q) ~= 61 then
-      toks[#toks + 1] = { v = sub(s, p, q - 1), q = false }
-      p = q
-    else
-      local key = sub(s, p, q - 1)
-      if key == "" then fail("bad-token", ctx .. '"=" without a key: write key=value') end
-      p = q + 1
-      if byte(s, p) == 34 then
-        local buf, r = {}, p + 1
-        while true do
-          local i = find(s, '["\\]', r)
-          if not i or (byte(s, i) == 92 and i >= n) then
-            fail("unterminated-quote", ctx .. 'unterminated quote in value of "' .. key .. '": add the closing "')
-          end
-          buf[#buf + 1] = sub(s, r, i - 1)
-          if byte(s, i) == 34 then p = i + 1; break end
-          local c = sub(s, i + 1, i + 1)
-          if c ~= '"' and c ~= "\\" then
-            fail("bad-escape", ctx .. 'bad escape in quoted value of "' .. key
-              .. '": only \\" and \\\\ are allowed inside quotes')
-          end
-          buf[#buf + 1] = c
-          r = i + 2
-        end
-        local c = byte(s, p)
-        if c and c ~= 32 and c ~= 9 then
-          fail("bad-quote", ctx .. 'text after the closing quote in value of "' .. key
-            .. '": put a space after the closing "')
-        end
-        toks[#toks + 1] = { k = key, v = concat(buf), q = true }
-      else
-        q = find(s, "[ \t]", p) or n + 1
-        local v = sub(s, p, q - 1)
-        if find(v, '"', 1, true) then
-          fail("bad-quote", ctx .. 'stray quote in value of "' .. key .. '": quote the whole value, e.g. '
-            .. key .. '="/a b/c"')
-        end
-        toks[#toks + 1] = { k = key, v = v, q = false }
-        p = q
-      end
-    end
-  end
+-- Split content into parallel arrays keys (false for a bare word), values, quoted.
+local function tokenize(s)
+	local keys, vals, quoted, p, n = {}, {}, {}, 1, #s
+	while true do
+		p = find(s, "[^ \t]", p)
+		if not p then return keys, vals, quoted end
+		local q, i = find(s, "[ \t=]", p) or n + 1, #keys + 1
+		if byte(s, q) ~= 61 then
+			keys[i], vals[i], quoted[i], p = false, sub(s, p, q - 1), false, q
+		else
+			local key = sub(s, p, q - 1)
+			if key == "" then fail("bad-token/key") end
+			keys[i], p = key, q + 1
+			if byte(s, p) == 34 then
+				local buf, r = {}, p + 1
+				while true do
+					local j = find(s, '["\\]', r)
+					if not j or (byte(s, j) == 92 and j >= n) then fail("unterminated-quote", key) end
+					buf[#buf + 1] = sub(s, r, j - 1)
+					if byte(s, j) == 34 then p = j + 1; break end
+					local c = sub(s, j + 1, j + 1)
+					if c ~= '"' and c ~= "\\" then fail("bad-escape", key) end
+					buf[#buf + 1], r = c, j + 2
+				end
+				local c = byte(s, p)
+				if c and c ~= 32 and c ~= 9 then fail("bad-quote/after", key) end
+				vals[i], quoted[i] = concat(buf), true
+			else
+				q = find(s, "[ \t]", p) or n + 1
+				vals[i], quoted[i] = sub(s, p, q - 1), false
+				if find(vals[i], '"', 1, true) then fail("bad-quote/stray", key, key) end
+				p = q
+			end
+		end
+	end
 end
 
 local function unclosed_bracket(path)
-  local i = find(path, "[", 1, true)
-  while i do
-    local j, k = find(path, "]", i + 1, true), find(path, "/", i + 1, true)
-    if not j or (k and k < j) then return true end
-    i = find(path, "[", j + 1, true)
-  end
-  return false
+	local i = find(path, "[", 1, true)
+	while i do
+		local j, k = find(path, "]", i + 1, true), find(path, "/", i + 1, true)
+		if not j or (k and k < j) then return true end
+		i = find(path, "[", j + 1, true)
+	end
 end
 
-local function var_fail(ctx, q, role)
-  fail("unknown-variable", ctx .. sub(q, 2) .. " in " .. role
-    .. ": only a leading $BB_SCRATCH is expanded (use %u for the user name, %j for the job id)")
+local function location(v, role, verb) -- kind, tree, glob
+	local kind, path, c = "posix", v, byte(v)
+	if c == 36 then
+		if v ~= "$BB_SCRATCH" and sub(v, 1, 12) ~= "$BB_SCRATCH/" then fail("unknown-variable", v, role) end
+		kind, path = "scratch", sub(v, 12)
+	elseif c ~= 47 then
+		if not find(v, "^[A-Za-z][A-Za-z0-9+%.%-]*://") then fail("relative-path", v, role) end
+		if sub(v, 1, 5) ~= "s3://" then fail("bad-scheme", role, v) end
+		local slash = find(v, "/", 6, true)
+		if not slash then fail("bad-bucket/key", role, v) end
+		local b = sub(v, 6, slash - 1)
+		if #b < 3 or #b > 63 or not find(b, "^[a-z0-9][a-z0-9%.%-]*[a-z0-9]$") then fail("bad-bucket", role, v) end
+		kind, path = "s3", sub(v, slash)
+	end
+	if find(path, "/../", 1, true) or sub(path, -3) == "/.." then fail("dot-dot", role, v) end
+	if find(path, "$", 1, true) then fail("unknown-variable", v, role) end
+	local tree = byte(v, -1) == 47 or v == "$BB_SCRATCH"
+	local glob = (find(path, "*", 1, true) or find(path, "?", 1, true) or find(path, "[", 1, true)) ~= nil
+	if glob then
+		if role == "destination" or verb == "stage_out" then fail("bad-glob", role, v) end
+		if tree then fail("bad-glob/tree", v) end
+		if kind == "posix" and find(match(path, "^/([^/]*)"), "[%*%?%[]") then fail("bad-glob/first", v) end
+		if unclosed_bracket(path) then fail("bad-glob/bracket", v) end
+	end
+	return kind, tree, glob
 end
 
-local function location(v, role, verb, ctx)
-  local q = ' "' .. v .. '"'
-  local kind, path
-  if byte(v, 1) == 36 then
-    if v ~= "$BB_SCRATCH" and sub(v, 1, 12) ~= "$BB_SCRATCH/" then var_fail(ctx, q, role) end
-    kind, path = "scratch", sub(v, 12)
-  elseif byte(v, 1) == 47 then
-    kind, path = "posix", v
-  elseif find(v, "^[A-Za-z][A-Za-z0-9+%.%-]*://") then
-    if sub(v, 1, 5) ~= "s3://" then fail("bad-scheme", ctx .. "unsupported scheme in " .. role .. q .. ": " .. LOC_HINT) end
-    local slash = find(v, "/", 6, true)
-    if not slash then
-      fail("bad-bucket", ctx .. role .. q .. " has no key part: write s3://bucket/ for a whole bucket or s3://bucket/key")
-    end
-    local bucket = sub(v, 6, slash - 1)
-    if #bucket < 3 or #bucket > 63 or not find(bucket, "^[a-z0-9][a-z0-9%.%-]*[a-z0-9]$") then
-      fail("bad-bucket", ctx .. "bad S3 bucket in " .. role .. q
-        .. ": bucket names have 3-63 characters a-z 0-9 . - and start and end with a letter or digit")
-    end
-    kind, path = "s3", sub(v, slash)
-  else
-    fail("relative-path", ctx .. "relative path" .. q .. " in " .. role .. ": " .. LOC_HINT)
-  end
-  if find(path .. "/", "/../", 1, true) then
-    fail("dot-dot", ctx .. '".." component in ' .. role .. q .. ": write the path without ..")
-  end
-  if find(path, "$", 1, true) then var_fail(ctx, q, role) end
-  local tree = byte(v, -1) == 47 or v == "$BB_SCRATCH"
-  local glob = find(path, "[%*%?%[]") ~= nil
-  if glob then
-    if role == "destination" or verb == "stage_out" then
-      fail("bad-glob", ctx .. "wildcard in " .. role .. q .. ": wildcards are only allowed in a stage_in source")
-    end
-    if tree then fail("bad-glob", ctx .. "wildcard source" .. q .. " ends with /: drop the / or the wildcard") end
-    if kind == "posix" and find(match(path, "^/([^/]*)"), "[%*%?%[]") then
-      fail("bad-glob", ctx .. "wildcard in the first directory of source" .. q
-        .. ": start with a literal directory, e.g. /data/...")
-    end
-    if unclosed_bracket(path) then fail("bad-glob", ctx .. "unclosed [ in source" .. q .. ": close it with ]") end
-  end
-  return kind, tree, glob
+local function stage(st, n, verb, keys, vals)
+	local kv = {}
+	st.verb = verb
+	for i = 2, #keys do
+		local key, value = keys[i], vals[i]
+		if not key then fail("bad-token", value) end
+		if not STAGE_KEYS[key] then
+			if key == "pool" or key == "capacity" then fail("unknown-key/pool") end
+			fail("unknown-key", key)
+		end
+		if kv[key] then fail("duplicate-key", key) end
+		if value == "" then fail("empty-value", key) end
+		kv[key] = value
+	end
+	local src, dst = kv.source, kv.destination
+	if not src then fail("missing-value", "source", "source") end
+	if not dst then fail("missing-value", "destination", "destination") end
+	local skind, stree, sglob = location(src, "source", verb)
+	local dkind, dtree = location(dst, "destination", verb)
+	if sglob then
+		if not dtree then fail("bad-glob/dest", dst) end
+	elseif stree ~= dtree then
+		fail("tree-mismatch", src, dst)
+	end
+	local options = { checksum = kv.checksum or "none", overwrite = kv.overwrite or "always" }
+	if not VALUES.checksum[options.checksum] then fail("bad-option-value", "checksum", options.checksum, HINTS.checksum) end
+	if not VALUES.overwrite[options.overwrite] then fail("bad-option-value", "overwrite", options.overwrite, HINTS.overwrite) end
+	if kv.profile then
+		if not is_name(kv.profile) then fail("bad-option-value/profile", kv.profile) end
+		if skind ~= "s3" and dkind ~= "s3" then fail("profile-without-s3") end
+		options.profile = kv.profile
+	end
+	for i = 2, #vals do
+		if find(vals[i], "capacity=", 1, true) then fail("capacity-in-value") end
+	end
+	local e = #dst
+	while byte(dst, e) == 47 do e = e - 1 end
+	local norm = sub(dst, 1, e)
+	if st.dests[norm] then fail("duplicate-destination", dst, st.dests[norm]) end
+	st.dests[norm] = n
+	local d = st.directives
+	d[#d + 1] = { index = #d, line = n, verb = verb, source = src, destination = dst, source_kind = skind,
+		destination_kind = dkind, tree = stree, glob = sglob, options = options }
 end
 
-local function stage(st, n, verb, toks)
-  local ctx, kv = "line " .. n .. ": " .. verb .. ": ", {}
-  for i = 2, #toks do
-    local key, value = toks[i].k, toks[i].v
-    if not key then fail("bad-token", ctx .. '"' .. value .. '" is not key=value: write key=value') end
-    if not STAGE_KEYS[key] then
-      if key == "pool" or key == "capacity" then
-        fail("unknown-key", ctx .. "pool= and capacity= go on a #BB_LUA line of their own")
-      end
-      fail("unknown-key", ctx .. 'unknown key "' .. key .. '": use source, destination, checksum, overwrite or profile')
-    end
-    if kv[key] then fail("duplicate-key", ctx .. '"' .. key .. '" given twice: keep one') end
-    if value == "" then fail("empty-value", ctx .. 'empty value for "' .. key .. '": give a value') end
-    kv[key] = value
-  end
-  for _, role in ipairs({ "source", "destination" }) do
-    if not kv[role] then fail("missing-value", ctx .. "missing " .. role .. "=: add " .. role .. "=<location>") end
-  end
-  local src, dst = kv.source, kv.destination
-  local skind, stree, sglob = location(src, "source", verb, ctx)
-  local dkind, dtree = location(dst, "destination", verb, ctx)
-  if sglob then
-    if not dtree then
-      fail("bad-glob", ctx .. 'destination "' .. dst .. '" of a wildcard source must be a directory ending in /: add the /')
-    end
-  elseif stree ~= dtree then
-    fail("tree-mismatch", ctx .. 'source "' .. src .. '" and destination "' .. dst
-      .. '" must both be directories (ending in /) or both files')
-  end
-  local options = { checksum = "none", overwrite = "always" }
-  for _, opt in ipairs({ "checksum", "overwrite" }) do
-    local v = kv[opt]
-    if v then
-      if not VALUES[opt][v] then fail("bad-option-value", ctx .. opt .. '="' .. v .. '" is not allowed: use ' .. HINTS[opt]) end
-      options[opt] = v
-    end
-  end
-  if kv.profile then
-    if not is_name(kv.profile) then
-      fail("bad-option-value", ctx .. 'profile="' .. kv.profile .. '" is not a valid profile name: ' .. NAME_HINT)
-    end
-    if skind ~= "s3" and dkind ~= "s3" then fail("profile-without-s3", ctx .. "profile= applies only to s3:// locations: remove it") end
-    options.profile = kv.profile
-  end
-  for i = 2, #toks do
-    if find(toks[i].v, "capacity=", 1, true) then
-      fail("capacity-in-value", ctx .. '"capacity=" inside a value would be read by Slurm as a capacity request: rename the path')
-    end
-  end
-  local e = #dst
-  while byte(dst, e) == 47 do e = e - 1 end
-  local norm = sub(dst, 1, e)
-  if st.dests[norm] then
-    fail("duplicate-destination", ctx .. 'destination "' .. dst .. '" is also written by line '
-      .. st.dests[norm] .. ": give each directive its own destination")
-  end
-  st.dests[norm] = n
-  local d = st.directives
-  d[#d + 1] = { index = #d, line = n, verb = verb, source = src, destination = dst, source_kind = skind,
-    destination_kind = dkind, tree = stree, glob = sglob, options = options }
-end
-
-local function pool_line(st, n, toks)
-  local ctx, kv = "line " .. n .. ": ", {}
-  for i = 1, #toks do
-    local key, value = toks[i].k, toks[i].v
-    if not key then fail("bad-token", ctx .. '"' .. value .. '" is not key=value: write key=value') end
-    if key ~= "pool" and key ~= "capacity" then
-      fail("unknown-key", ctx .. 'unknown key "' .. key
-        .. '" on a line without a verb: start the line with stage_in or stage_out, or use only pool= and capacity=')
-    end
-    if kv[key] then fail("duplicate-key", ctx .. '"' .. key .. '" given twice: keep one') end
-    if toks[i].q then
-      fail("bad-quote", ctx .. 'value of "' .. key .. '" must not be quoted (Slurm reads pool= and capacity= verbatim)')
-    end
-    if value == "" then fail("empty-value", ctx .. 'empty value for "' .. key .. '": give a value') end
-    kv[key] = value
-  end
-  if kv.capacity and not kv.pool then fail("capacity-without-pool", ctx .. "capacity= needs pool=: write pool=NAME capacity=SIZE") end
-  if not is_name(kv.pool) then fail("bad-option-value", ctx .. 'pool="' .. kv.pool .. '" is not a valid pool name: ' .. NAME_HINT) end
-  local size
-  if kv.capacity then
-    local d, u = match(kv.capacity, "^([0-9]+)([KMGTPkmgtp]?)$")
-    size = d and tonumber(d) * UNITS[upper(u)]
-    if not size or size <= 0 or size >= MAX_CAPACITY then
-      fail("bad-size", ctx .. 'bad capacity "' .. kv.capacity .. '": use a whole number of bytes with an optional K, M, G, T'
-        .. " or P suffix (binary units), above 0 and below 8P")
-    end
-  end
-  if st.pool_line then fail("duplicate-pool", ctx .. "pool=/capacity= already given on line " .. st.pool_line .. ": use one line") end
-  st.pool_line, st.pool, st.capacity = n, kv.pool, size
+local function pool_line(st, n, keys, vals, quoted)
+	local kv = {}
+	for i = 1, #keys do
+		local key, value = keys[i], vals[i]
+		if not key then fail("bad-token", value) end
+		if key ~= "pool" and key ~= "capacity" then fail("unknown-key/verbless", key) end
+		if kv[key] then fail("duplicate-key", key) end
+		if quoted[i] then fail("bad-quote/pool", key) end
+		if value == "" then fail("empty-value", key) end
+		kv[key] = value
+	end
+	local pool, cap, size = kv.pool, kv.capacity
+	if not pool then fail("capacity-without-pool") end
+	if not is_name(pool) then fail("bad-option-value/pool", pool) end
+	if cap then
+		local d, u = match(cap, "^([0-9]+)([KMGTPkmgtp]?)$")
+		size = d and tonumber(d) * UNITS[upper(u)]
+		if not size or size <= 0 or size >= 2 ^ 53 then fail("bad-size", cap) end
+	end
+	if st.pool_line then fail("duplicate-pool", st.pool_line) end
+	st.pool_line, st.pool, st.capacity = n, pool, size
 end
 
 local function line(st, n, raw, sbatch)
-  local ctx, content = "line " .. n .. ": "
-  if #raw > MAX_LINE then
-    fail("line-too-long", ctx .. "directive line is " .. #raw .. " bytes, over the " .. MAX_LINE
-      .. " byte limit: shorten the paths or stage a directory")
-  end
-  if byte(raw, -1) == 13 then fail("crlf", ctx .. "line ends with a carriage return (DOS line ending): convert the script with dos2unix") end
-  local i = find(raw, "[%z\1-\8\11-\31\127]")
-  if i then fail("control-char", ctx .. string.format("control character 0x%02x in directive: remove it", byte(raw, i))) end
-  if sbatch then
-    local spec = sbatch_spec(raw)
-    if spec == "" then fail("missing-value", ctx .. '#SBATCH --bb has no value: write #SBATCH --bb="#BB_LUA ..."') end
-    content = bb_content(spec)
-    if not content then
-      fail("bad-bb-option", ctx .. "#SBATCH --bb value must start with #BB_LUA (Slurm inserts it into the script as a line):"
-        .. ' write #SBATCH --bb="#BB_LUA ..."')
-    end
-  else
-    if byte(raw, -1) == 92 then
-      fail("continuation", ctx .. 'line ends with "\\": continuation lines are not supported: put the whole directive on one line')
-    end
-    content = sub(raw, 8)
-  end
-  local toks = tokenize(content, ctx)
-  if #toks == 0 then return end
-  if toks[1].k then return pool_line(st, n, toks) end
-  local verb = toks[1].v
-  if verb == "stage_in" or verb == "stage_out" then return stage(st, n, verb, toks) end
-  fail("unknown-verb", ctx .. 'unknown verb "' .. verb .. '": use stage_in or stage_out (or pool=NAME capacity=SIZE on a line of its own)')
+	if #raw > MAX_LINE then fail("line-too-long", #raw, MAX_LINE) end
+	if byte(raw, -1) == 13 then fail("crlf") end
+	local i = find(raw, "[^\t -~\128-\255]")
+	if i then fail("control-char", byte(raw, i)) end
+	local content = sub(raw, 8)
+	if sbatch then
+		local spec
+		spec, content = sbatch_content(raw)
+		if spec == "" then fail("missing-value/sbatch") end
+		if not content then fail("bad-bb-option") end
+	elseif byte(raw, -1) == 92 then
+		fail("continuation")
+	end
+	local keys, vals, quoted = tokenize(content)
+	if #keys == 0 then return end
+	if keys[1] then return pool_line(st, n, keys, vals, quoted) end
+	if vals[1] == "stage_in" or vals[1] == "stage_out" then return stage(st, n, vals[1], keys, vals) end
+	fail("unknown-verb", vals[1])
 end
 
 -- parse(text) -> { directives = {...}, pool = name|nil, capacity = bytes|nil, errors = {...} }
 function M.parse(text)
-  local st = { directives = {}, dests = {} }
-  local errors = {}
-  local res = { directives = st.directives, errors = errors }
-  if type(text) ~= "string" then text = "" end
-  if #text > M.MAX_SCRIPT_BYTES then
-    errors[1] = { line = 0, code = "script-too-large", message = "script: " .. #text .. " bytes is over the "
-      .. M.MAX_SCRIPT_BYTES .. " byte limit: shorten the script" }
-    return res
-  end
-  local lines, seen = header(text)
-  local count = 0
-  for _, l in ipairs(lines) do
-    local n, raw, sbatch = l[1], l[2], l[3]
-    if not (sbatch and seen[bb_content(sbatch_spec(raw)) or false]) then
-      count = count + 1
-      if count > M.MAX_DIRECTIVES then
-        errors[#errors + 1] = { line = n, code = "too-many-directives", message = "line " .. n .. ": more than "
-          .. M.MAX_DIRECTIVES .. " directive lines: stage a directory tree or a wildcard instead of single files" }
-        break
-      end
-      local ok, err = pcall(line, st, n, raw, sbatch)
-      if not ok then
-        if type(err) ~= "table" then err = { code = "internal-error", msg = "line " .. n .. ": " .. tostring(err) } end
-        errors[#errors + 1] = { line = n, code = err.code, message = err.msg }
-        if #errors >= M.MAX_ERRORS then break end
-      end
-    end
-  end
-  res.pool, res.capacity = st.pool, st.capacity
-  return res
+	local st, errors = { directives = {}, dests = {} }, {}
+	local res = { directives = st.directives, errors = errors }
+	if type(text) ~= "string" then text = "" end
+	if #text > M.MAX_SCRIPT_BYTES then
+		errors[1] = err(0, "", "script-too-large", #text, M.MAX_SCRIPT_BYTES)
+		return res
+	end
+	local lines, seen = header(text)
+	local count = 0
+	for _, l in ipairs(lines) do
+		local n, raw, sbatch = l[1], l[2], l[3]
+		if not (sbatch and seen[select(2, sbatch_content(raw)) or false]) then
+			local ctx = "line " .. n .. ": "
+			count = count + 1
+			if count > M.MAX_DIRECTIVES then
+				errors[#errors + 1] = err(n, ctx, "too-many-directives", M.MAX_DIRECTIVES)
+				break
+			end
+			st.verb = nil
+			local ok, e = pcall(line, st, n, raw, sbatch)
+			if not ok then
+				if type(e) ~= "table" then e = { "internal-error", tostring(e) } end
+				errors[#errors + 1] = err(n, ctx .. (st.verb and st.verb .. ": " or ""), unpack(e))
+				if #errors >= M.MAX_ERRORS then break end
+			end
+		end
+	end
+	res.pool, res.capacity = st.pool, st.capacity
+	return res
 end
 
 return M

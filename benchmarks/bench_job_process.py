@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""Directive parsing cost of slurm_bb_job_process (the synchronous hook), under lua5.1.
+
+slurmctld runs slurm_bb_job_process while it holds its locks, in a fresh Lua state per call:
+it compiles burst_buffer.lua, which loads lua/bbstage/directives.lua, reads the job script
+and parses it. benchmarks/lua/bench_job_process.lua times that loop in one lua5.1 process
+(see its header for the exact figures) for three scripts:
+
+  (a) 100 lines, 8 stage directives + a pool line;
+  (b) 1 MiB: the same short header, then a long body;
+  (c) 1 MiB: a header of ~16,000 comment lines, then a short body;
+
+and three parsers:
+
+  ours            lua/bbstage/directives.lua, compiled from source on every call;
+  ours, luac      the same module precompiled with `luac5.1 -s` (loadfile undumps it);
+  baseline        benchmarks/lua/baseline_parser.lua: string.gmatch over every line with
+                  string.find/match, in the style of Slurm's burst_buffer.lua.example (no
+                  header stop, no quoting, no checks).
+
+Writes benchmarks/results/job_process.json and (re)writes the section
+"Directive parsing (sync hook cost)" of docs/performance.md.
+
+Usage: python3 benchmarks/bench_job_process.py [--iterations 200] [--batches 31] [--no-doc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH_LUA = REPO / "benchmarks" / "lua" / "bench_job_process.lua"
+BASELINE_LUA = REPO / "benchmarks" / "lua" / "baseline_parser.lua"
+MODULE = REPO / "lua" / "bbstage" / "directives.lua"
+HOOK = REPO / "lua" / "burst_buffer.lua"
+RESULTS = REPO / "benchmarks" / "results" / "job_process.json"
+PERF_DOC = REPO / "docs" / "performance.md"
+SECTION = "## Directive parsing (sync hook cost)"
+TARGETS_MS = {"a": 0.3, "b": 5.0, "c": 5.0}
+MIB = 1024 * 1024
+
+DIRECTIVES = [
+    "stage_in source=/data/u/input.dat destination=$BB_SCRATCH/input.dat checksum=xxh3",
+    "stage_in source=/data/u/refs/ destination=$BB_SCRATCH/refs/",
+    'stage_in source="/data/u/my file.dat" destination="$BB_SCRATCH/my file.dat"',
+    "stage_in source=s3://bucket/set/ destination=$BB_SCRATCH/set/ profile=lab",
+    "stage_in source=/data/u/run1/*.h5 destination=$BB_SCRATCH/h5/",
+    "stage_out source=$BB_SCRATCH/out/ destination=/data/u/out/%j/ overwrite=never",
+    "stage_out source=$BB_SCRATCH/log.txt destination=s3://bucket/logs/%j.txt",
+    "stage_out source=$BB_SCRATCH/result.dat destination=/data/u/result.dat checksum=blake2b",
+]
+
+
+def header() -> list[str]:
+    lines = ["#!/bin/bash"] + [f"#SBATCH --option-{i}=value" for i in range(10)]
+    lines += ["#BB_LUA " + d for d in DIRECTIVES] + ["#BB_LUA pool=scratch capacity=10G"]
+    return lines
+
+
+def scripts() -> dict[str, str]:
+    head = header()
+    a = head + [f"# comment {i}" for i in range(20)]
+    a += [f"srun ./step --input=$BB_SCRATCH/input.dat --n={i}" for i in range(100 - len(a))]
+    body_line = "srun ./app --config=/home/u/config.yaml --output=$BB_SCRATCH/out/  # step\n"
+    b = "\n".join(head) + "\n"
+    b += body_line * ((MIB - len(b)) // len(body_line))
+    comment = "# " + "-" * 60 + "\n"
+    c = "\n".join(head) + "\n"
+    c += comment * ((MIB - len(c) - 6) // len(comment)) + "./app\n"
+    return {"a": "\n".join(a) + "\n", "b": b, "c": c}
+
+
+def run_lua(parser: Path, hook: Path, script: Path, iterations: int, batches: int) -> dict:
+    out = subprocess.run(
+        ["lua5.1", str(BENCH_LUA), str(parser), str(hook), str(script)]
+        + [str(iterations), str(batches)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out)
+
+
+def environment() -> dict[str, str]:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    lua = subprocess.run(["lua5.1", "-v"], capture_output=True, text=True)
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "lua": (lua.stdout or lua.stderr).split("  ")[0].strip(),
+        "hook": str(HOOK.relative_to(REPO)) if HOOK.exists() else "120-line dummy",
+    }
+
+
+def dummy_hook(tmp: Path) -> Path:
+    """A 120-line stand-in for burst_buffer.lua when the real one is absent."""
+    lines = ["local M = {}"]
+    for i in range(39):
+        lines += [f"function slurm_bb_fn_{i}(a, b)", f"  return slurm.SUCCESS, a .. {i}", "end"]
+    lines += ["return M", ""]
+    path = tmp / "burst_buffer.lua"
+    path.write_text("\n".join(lines[:120]) + "\n")
+    return path
+
+
+def write_doc(result: dict) -> None:
+    env = result["environment"]
+    r = result["results"]
+    names = {
+        "a": "(a) 100 lines, 8 directives",
+        "b": "(b) 1 MiB, short header + long body",
+        "c": "(c) 1 MiB, 16k-line comment header",
+    }
+    lines = [
+        SECTION,
+        "",
+        "`benchmarks/bench_job_process.py` (driver) and `benchmarks/lua/bench_job_process.lua`:",
+        "per call, in one lua5.1 process, **total** = compile `lua/burst_buffer.lua` (Slurm",
+        "loads it into a fresh Lua state on every call) + load the parser module in a fresh",
+        "environment + read the script file + parse; **module** = load module + parse;",
+        "**parse** = parse only. Medians over batches of calls, `os.clock()`, in ms. *ours* is",
+        "`lua/bbstage/directives.lua` compiled from source; *ours, luac* the same module",
+        "precompiled with `luac5.1 -s` (what an install step could ship);",
+        "*baseline* is a `string.gmatch` + `string.find/match` line scanner in the style of",
+        "Slurm's `burst_buffer.lua.example` (benchmarks/lua/baseline_parser.lua: no header stop,",
+        "no quoting, no validation).",
+        "",
+        "| script | parser | total | module | load | parse |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for case in ("a", "b", "c"):
+        for parser in ("ours", "ours_luac", "baseline"):
+            s = r[case][parser]
+            lines.append(
+                f"| {names[case]} | {parser.replace('_', ', ')} | {s['total_ms']:.3f} | "
+                f"{s['module_ms']:.3f} | {s['load_ms']:.3f} | {s['parse_ms']:.3f} |"
+            )
+    lines += ["", "Targets and ratios (medians):", ""]
+    for case in ("a", "b", "c"):
+        t = result["targets"][case]
+        lines.append(
+            f"* {names[case]}: module (compile + parse) {t['module_ms']:.3f} ms vs target "
+            f"{t['target_ms']} ms — {'met' if t['met'] else 'NOT met'}; total ours/baseline "
+            f"{result['ratios'][case]['total_ours_over_baseline']:.2f}×, luac/baseline "
+            f"{result['ratios'][case]['total_luac_over_baseline']:.2f}×, parse ours/baseline "
+            f"{result['ratios'][case]['parse_ours_over_baseline']:.2f}×."
+        )
+    lines += [
+        "",
+        "Reading: the parse itself is fast and does not grow with the script body (it stops at",
+        "the first non-comment line; the baseline scans all 1 MiB). What dominates on this",
+        "machine is *compiling* Lua source: about 20 ns per byte here, for burst_buffer.lua and",
+        "for the ~15 KB parser alike. Shipping the parser precompiled (luac) removes most of",
+        "that cost; the grammar's checks then cost little more than the baseline's scan.",
+        "",
+        f"Measured {env['date']} on {env['cpu']}, Linux {env['kernel']}, {env['lua']}; hook "
+        f"compiled: {env['hook']}.",
+        "",
+    ]
+    section = "\n".join(lines)
+    text = PERF_DOC.read_text() if PERF_DOC.exists() else "# Performance\n"
+    start = text.find(SECTION)
+    if start >= 0:  # re-run: replace our own section only
+        nxt = text.find("\n## ", start + len(SECTION))
+        end = len(text) if nxt < 0 else nxt + 1
+        text = text[:start] + section + ("\n" + text[end:] if nxt >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    PERF_DOC.write_text(text)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--iterations", type=int, default=200, help="calls per batch (case a)")
+    ap.add_argument("--batches", type=int, default=31)
+    ap.add_argument("--no-doc", action="store_true", help="do not touch docs/performance.md")
+    args = ap.parse_args()
+
+    results: dict[str, dict[str, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="bbstage-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        hook = HOOK if HOOK.exists() else dummy_hook(tmp)
+        luac = tmp / "directives.luac"
+        subprocess.run(["luac5.1", "-s", "-o", str(luac), str(MODULE)], check=True)
+        parsers = {"ours": MODULE, "ours_luac": luac, "baseline": BASELINE_LUA}
+        for case, text in scripts().items():
+            path = tmp / f"{case}.sh"
+            path.write_bytes(text.encode())
+            iterations = args.iterations if case == "a" else max(5, args.iterations // 10)
+            results[case] = {
+                name: run_lua(parser, hook, path, iterations, args.batches)
+                for name, parser in parsers.items()
+            }
+            got = results[case]["ours"]
+            if got["errors"] or got["directives"] != len(DIRECTIVES):
+                sys.exit(f"case {case}: unexpected parse result {got}")
+
+    ratios = {
+        case: {
+            "total_ours_over_baseline": r["ours"]["total_ms"] / r["baseline"]["total_ms"],
+            "total_luac_over_baseline": r["ours_luac"]["total_ms"] / r["baseline"]["total_ms"],
+            "parse_ours_over_baseline": r["ours"]["parse_ms"] / r["baseline"]["parse_ms"],
+        }
+        for case, r in results.items()
+    }
+    targets = {
+        case: {
+            "target_ms": TARGETS_MS[case],
+            "module_ms": results[case]["ours"]["module_ms"],
+            "met": results[case]["ours"]["module_ms"] < TARGETS_MS[case],
+        }
+        for case in results
+    }
+    result = {
+        "benchmark": "slurm_bb_job_process directive parsing under lua5.1 (ms per call)",
+        "results": results,
+        "ratios": ratios,
+        "targets": targets,
+        "environment": environment(),
+    }
+
+    print(f"{'case':<5} {'parser':<10} {'total':>8} {'module':>8} {'load':>8} {'parse':>8}")
+    for case, r in results.items():
+        for name, s in r.items():
+            print(
+                f"{case:<5} {name:<10} {s['total_ms']:>8.3f} {s['module_ms']:>8.3f} "
+                f"{s['load_ms']:>8.3f} {s['parse_ms']:>8.3f}"
+            )
+    for case, t in targets.items():
+        print(
+            f"{case}: module {t['module_ms']:.3f} ms (target < {t['target_ms']} ms: "
+            f"{'met' if t['met'] else 'NOT met'}); total ours/baseline "
+            f"{ratios[case]['total_ours_over_baseline']:.2f}x, luac/baseline "
+            f"{ratios[case]['total_luac_over_baseline']:.2f}x"
+        )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS.relative_to(REPO)}")
+    if not args.no_doc:
+        write_doc(result)
+        print(f"updated {PERF_DOC.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""`bbstage validate`: summary, errors, JSON output and exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from bbstage.validate import run
+
+GOOD = """#!/bin/bash
+#SBATCH -t 10
+#BB_LUA stage_in source=/data/u/input.dat destination=/fast/u/input.dat
+#BB_LUA stage_in source=/data/u/refs/ destination=$BB_SCRATCH/refs/ checksum=xxh3
+#BB_LUA stage_out source="/fast/u/my result.dat" destination=s3://bucket/results/out.dat
+#BB_LUA pool=scratch capacity=10G
+./app
+"""
+
+BAD = """#!/bin/bash
+#BB_LUA stage_in source=data/x destination=/fast/x
+#BB_LUA stage_sideways
+#BB_LUA pool=p capacity=10GB
+"""
+
+
+def _run(path: Path | str, as_json: bool = False) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = run(str(path), as_json, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_valid_script_summary(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text(GOOD)
+    code, out, err = _run(script)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == f"{script}: OK"
+    assert lines[1] == "3 staging directives"
+    assert lines[2].startswith("  [0] line 3: in  file /data/u/input.dat -> /fast/u/input.dat")
+    assert "checksum=xxh3" in lines[3] and "tree" in lines[3]
+    assert '"/fast/u/my result.dat" -> s3://bucket/results/out.dat' in lines[4]
+    assert lines[5] == "pool: scratch, capacity: 10G (10737418240 bytes)"
+
+
+def test_no_directives(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#BB_LUA\n./app\n")
+    code, out, _ = _run(script)
+    assert code == 0
+    assert out.splitlines()[1:] == ["0 staging directives", "pool: none, capacity: none"]
+
+
+def test_errors_on_stderr(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text(BAD)
+    code, out, err = _run(script)
+    assert code == 1 and out == ""
+    lines = err.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith(f'{script}: line 2: stage_in: relative path "data/x" in source')
+    assert lines[1].startswith(f"{script}: line 3: unknown verb")
+    assert lines[2].startswith(f"{script}: line 4: bad capacity")
+
+
+def test_error_cap_is_reported(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n" + "#BB_LUA nope\n" * 25)
+    code, _, err = _run(script)
+    assert code == 1
+    assert err.splitlines()[-1].endswith("stopped after 20 errors")
+
+
+def test_json_output(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.sh", tmp_path / "bad.sh"
+    good.write_text(GOOD)
+    bad.write_text(BAD)
+    code, out, err = _run(good, as_json=True)
+    assert code == 0 and err == ""
+    result = json.loads(out)
+    assert result["capacity"] == 10737418240 and len(result["directives"]) == 3
+    code, out, err = _run(bad, as_json=True)
+    assert code == 1 and err == ""
+    assert [e["code"] for e in json.loads(out)["errors"]] == [
+        "relative-path",
+        "unknown-verb",
+        "bad-size",
+    ]
+
+
+def test_unreadable(tmp_path: Path) -> None:
+    code, out, err = _run(tmp_path / "missing.sh")
+    assert code == 2 and out == ""
+    assert "cannot read" in err and "missing.sh" in err
+    code, _, err = _run(tmp_path)  # a directory
+    assert code == 2 and "cannot read" in err
+    code, out, _ = _run(tmp_path / "missing.sh", as_json=True)
+    assert code == 2 and out == ""
+
+
+def test_invalid_utf8_counts_bytes(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    # 4096-byte line made of a prefix and undecodable bytes: exactly at the limit
+    prefix = b"#BB_LUA stage_in destination=/x/y source=/d/"
+    script.write_bytes(b"#!/bin/sh\n" + prefix + b"\xff" * (4096 - len(prefix)) + b"\n")
+    code, out, err = _run(script)
+    assert code == 0, err
+    assert "\ufffd" in out
+    script.write_bytes(b"#!/bin/sh\n" + prefix + b"\xff" * (4097 - len(prefix)) + b"\n")
+    code, _, err = _run(script)
+    assert code == 1 and "4097 bytes" in err
