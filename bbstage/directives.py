@@ -15,6 +15,7 @@ MAX_SCRIPT_BYTES = 4 * 1024 * 1024  # Slurm's default max_script_size
 MAX_LINE_BYTES = 4096
 MAX_DIRECTIVES = 256
 MAX_ERRORS = 20
+MAX_HEADER_LINES = 65536
 MAX_CAPACITY = 2**53  # exclusive: exact in a Lua 5.1 number
 
 VERBS = ("stage_in", "stage_out")
@@ -32,6 +33,10 @@ MESSAGES: dict[str, str] = {
     "script-too-large": "script: %d bytes is over the %d byte limit: shorten the script",
     "too-many-directives": (
         "more than %d directive lines: stage a directory tree or a wildcard instead of single files"
+    ),
+    "header-too-long": (
+        "the script header (the lines before the first command) is over %d lines: move "
+        "comments below the first command"
     ),
     "line-too-long": (
         "directive line is %d bytes, over the %d byte limit: shorten the paths or stage a directory"
@@ -203,18 +208,25 @@ def _sbatch_content(raw: str) -> tuple[str, str | None]:
     return spec, None
 
 
-def _header(text: str) -> list[tuple[int, str, bool]]:
-    """Directive lines of the header as (line number, raw line, is_sbatch)."""
-    out: list[tuple[int, str, bool]] = []
+def _header(text: str) -> list[tuple[int, str | None, bool]]:
+    """Directive lines of the header as (line number, raw line, is_sbatch).
+
+    A last entry (n, None, False) means the header reached line MAX_HEADER_LINES + 1.
+    """
+    out: list[tuple[int, str | None, bool]] = []
     pos, n, end = 0, 0, len(text)
     while pos < end:
         n += 1
         e = text.find("\n", pos)
         if e < 0:
             e = end
+        if text[pos] != "#" and e != pos:
+            break
+        if n > MAX_HEADER_LINES:
+            out.append((n, None, False))
+            break
         if text[pos] != "#":
-            if e != pos:
-                break
+            pass
         elif text.startswith("#BB_LUA", pos):
             if e == pos + 7 or text[pos + 7] in _WS:
                 out.append((n, text[pos:e], False))
@@ -287,10 +299,11 @@ def _tokenize(s: str) -> tuple[list[str | None], list[str], list[bool]]:
 
 def _unclosed_bracket(path: str) -> bool:
     """True if some ``[`` has no ``]`` before the next ``/`` (linear scan, as in Lua)."""
-    i = path.find("[")
+    i, k = path.find("["), 0
     while i >= 0:
+        if 0 <= k <= i:
+            k = path.find("/", i + 1)  # the next "/" after i (-1: none)
         j = path.find("]", i + 1)
-        k = path.find("/", i + 1)
         if j < 0 or 0 <= k < j:
             return True
         i = path.find("[", j + 1)
@@ -464,13 +477,18 @@ def parse(text: str) -> dict[str, Any]:
     else:
         lines = _header(text)
         seen = {
-            _strip(raw[7:]) for _, raw, sb in lines if not sb and _nbytes(raw) <= MAX_LINE_BYTES
+            _strip(raw[7:])
+            for _, raw, sb in lines
+            if raw is not None and not sb and _nbytes(raw) <= MAX_LINE_BYTES
         }
         count = 0
         for n, raw, sbatch in lines:
             if sbatch and _sbatch_content(raw)[1] in seen:
                 continue  # the copy Slurm inserted as a #BB_LUA line is already counted
             ctx = f"line {n}: "
+            if raw is None:
+                errors.append(_error(n, ctx, "header-too-long", MAX_HEADER_LINES))
+                break
             count += 1
             if count > MAX_DIRECTIVES:
                 errors.append(_error(n, ctx, "too-many-directives", MAX_DIRECTIVES))

@@ -34,7 +34,10 @@ class LuaParser:
 
     def parse(self, text: str) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        data = text.encode("utf-8", "surrogatepass")
+        try:  # undecodable bytes (surrogateescape) go to Lua as the bytes they were
+            data = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            data = text.encode("utf-8", "surrogatepass")
         self.proc.stdin.write(b"%d\n" % len(data) + data)
         self.proc.stdin.flush()
         out = self.proc.stdout.readline()
@@ -86,7 +89,7 @@ def test_corpus_size_and_codes() -> None:
     documented = (ROOT / "docs" / "directives.md").read_text(encoding="utf-8")
     for code in codes:
         assert f"`{code}`" in documented, code
-    generated = {"line-too-long", "script-too-large", "too-many-directives"}
+    generated = {"line-too-long", "script-too-large", "too-many-directives", "header-too-long"}
     all_codes = {
         "unknown-verb", "unknown-key", "duplicate-key", "missing-value", "empty-value",
         "relative-path", "dot-dot", "bad-scheme", "unterminated-quote", "duplicate-destination",
@@ -164,6 +167,22 @@ def test_directive_count_limit(lua: LuaParser) -> None:
     result = _both(lua, over)
     line = directives.MAX_DIRECTIVES + 2
     assert _codes(result) == [{"line": line, "code": "too-many-directives"}]
+
+
+def test_header_line_limit(lua: LuaParser) -> None:
+    limit = directives.MAX_HEADER_LINES
+    head = "#!/bin/sh\n" + _stage(1)
+    ok = head + "#\n" * (limit - 2) + "./app\n" + "#\n" * 10  # line limit+1 is the command
+    assert _both(lua, ok)["errors"] == []
+    over = head + "\n" * (limit - 2) + "#\n" + _stage(2)  # empty lines count too
+    result = _both(lua, over)
+    assert _codes(result) == [{"line": limit + 1, "code": "header-too-long"}]
+    assert len(result["directives"]) == 1
+    bad = "#!/bin/sh\n#BB_LUA nope\n" + "#\n" * limit
+    assert _codes(_both(lua, bad)) == [
+        {"line": 2, "code": "unknown-verb"},
+        {"line": limit + 1, "code": "header-too-long"},
+    ]
 
 
 def test_error_cap(lua: LuaParser) -> None:
@@ -251,3 +270,18 @@ def test_python_and_lua_agree(lua: LuaParser, text: str) -> None:
     assert lua.parse(text) == py
     assert len(py["errors"]) <= directives.MAX_ERRORS
     assert json.loads(json.dumps(py)) == py
+
+
+@st.composite
+def byte_scripts(draw: st.DrawFn) -> str:
+    """Scripts with arbitrary bytes, decoded the way ``bbstage validate`` reads files."""
+    base = draw(st.sampled_from(SCRIPTS)).encode()
+    pos = draw(st.integers(0, len(base)))
+    noise = draw(st.binary(max_size=16))
+    return (base[:pos] + noise + base[pos:]).decode("utf-8", "surrogateescape")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(byte_scripts())
+def test_python_and_lua_agree_on_raw_bytes(lua: LuaParser, text: str) -> None:
+    assert lua.parse(text) == parse(text)

@@ -5,11 +5,12 @@
 local M = {}
 local find, sub, byte, match, upper, format = string.find, string.sub, string.byte, string.match,
 	string.upper, string.format
-local concat, unpack, error, pcall, type, tonumber = table.concat, unpack, error, pcall, type, tonumber
+local gsub, unpack, error, pcall, type, tonumber = string.gsub, unpack, error, pcall, type, tonumber
 local ipairs, select, tostring = ipairs, select, tostring
 
 M.MAX_SCRIPT_BYTES, M.MAX_LINE_BYTES, M.MAX_DIRECTIVES, M.MAX_ERRORS = 4194304, 4096, 256, 20
-local MAX_LINE = 4096
+M.MAX_HEADER_LINES = 65536
+local MAX_LINE, MAX_HEADER = 4096, 65536
 local UNITS = { [""] = 1, K = 2 ^ 10, M = 2 ^ 20, G = 2 ^ 30, T = 2 ^ 40, P = 2 ^ 50 }
 local STAGE_KEYS = { source = 1, destination = 1, checksum = 1, overwrite = 1, profile = 1 }
 local VALUES = { checksum = { none = 1, xxh3 = 1, blake2b = 1 }, overwrite = { always = 1, never = 1, newer = 1 } }
@@ -19,6 +20,7 @@ local MSGS = [[
 
 script-too-large	script: %d bytes is over the %d byte limit: shorten the script
 too-many-directives	more than %d directive lines: stage a directory tree or a wildcard instead of single files
+header-too-long	the script header (the lines before the first command) is over %d lines: move comments below the first command
 line-too-long	directive line is %d bytes, over the %d byte limit: shorten the paths or stage a directory
 crlf	line ends with a carriage return (DOS line ending): convert the script with dos2unix
 control-char	control character 0x%02x in directive: remove it
@@ -96,9 +98,9 @@ local function header(text)
 		n = n + 1
 		local e = find(text, "\n", pos, true) or len + 1
 		local c = byte(text, pos)
-		if c ~= 35 then
-			if e ~= pos then break end
-		else
+		if c ~= 35 and e ~= pos then break end
+		if n > MAX_HEADER then out[#out + 1] = { n }; break end
+		if c == 35 then
 			c = byte(text, pos + 1)
 			if c == 66 and sub(text, pos, pos + 6) == "#BB_LUA" then
 				c = byte(text, pos + 7)
@@ -133,19 +135,19 @@ local function tokenize(s)
 			if key == "" then fail("bad-token/key") end
 			keys[i], p = key, q + 1
 			if byte(s, p) == 34 then
-				local buf, r = {}, p + 1
+				local r, escaped, j, c = p + 1, false
 				while true do
-					local j = find(s, '["\\]', r)
-					if not j or (byte(s, j) == 92 and j >= n) then fail("unterminated-quote", key) end
-					buf[#buf + 1] = sub(s, r, j - 1)
-					if byte(s, j) == 34 then p = j + 1; break end
-					local c = sub(s, j + 1, j + 1)
-					if c ~= '"' and c ~= "\\" then fail("bad-escape", key) end
-					buf[#buf + 1], r = c, j + 2
+					j = find(s, '["\\]', r)
+					c = j and byte(s, j + 1)
+					if not j or (byte(s, j) == 92 and not c) then fail("unterminated-quote", key) end
+					if byte(s, j) == 34 then break end
+					if c ~= 34 and c ~= 92 then fail("bad-escape", key) end
+					r, escaped = j + 2, true
 				end
-				local c = byte(s, p)
 				if c and c ~= 32 and c ~= 9 then fail("bad-quote/after", key) end
-				vals[i], quoted[i] = concat(buf), true
+				vals[i], quoted[i] = sub(s, p + 1, j - 1), true
+				if escaped then vals[i] = gsub(vals[i], "\\(.)", "%1") end
+				p = j + 1
 			else
 				q = find(s, "[ \t]", p) or n + 1
 				vals[i], quoted[i] = sub(s, p, q - 1), false
@@ -157,9 +159,10 @@ local function tokenize(s)
 end
 
 local function unclosed_bracket(path)
-	local i = find(path, "[", 1, true)
+	local i, k = find(path, "[", 1, true), 0
 	while i do
-		local j, k = find(path, "]", i + 1, true), find(path, "/", i + 1, true)
+		if k and k <= i then k = find(path, "/", i + 1, true) end -- next "/" after i
+		local j = find(path, "]", i + 1, true)
 		if not j or (k and k < j) then return true end
 		i = find(path, "[", j + 1, true)
 	end
@@ -296,6 +299,10 @@ function M.parse(text)
 		local n, raw, sbatch = l[1], l[2], l[3]
 		if not (sbatch and seen[select(2, sbatch_content(raw)) or false]) then
 			local ctx = "line " .. n .. ": "
+			if not raw then
+				errors[#errors + 1] = err(n, ctx, "header-too-long", MAX_HEADER)
+				break
+			end
 			count = count + 1
 			if count > M.MAX_DIRECTIVES then
 				errors[#errors + 1] = err(n, ctx, "too-many-directives", M.MAX_DIRECTIVES)
