@@ -44,7 +44,7 @@ class TransferExecutor:
         with self._lock:
             self._cancelled.discard(key)
         thread = threading.Thread(
-            target=self._run, args=(key, spec, identity, on_event, future), daemon=True
+            target=self._guarded, args=(key, spec, identity, on_event, future), daemon=True
         )
         thread.start()
         return future
@@ -67,6 +67,15 @@ class TransferExecutor:
             keys = list(self._running)
         for key in keys:
             self.cancel(key)
+
+    def _guarded(self, *args: Any) -> None:
+        """Run a transfer; whatever happens, its future gets an outcome."""
+        future: Future[None] = args[-1]
+        try:
+            self._run(*args)
+        except Exception as exc:
+            if not future.done():
+                future.set_exception(TransferError(f"could not run the transfer: {exc}"))
 
     def _run(
         self,

@@ -19,92 +19,38 @@ do
 	if ok and type(values) == "table" then site = values end
 end
 
+-- Load lua/bbstage/<name>.lua, precompiled (.luac, by `bbstage install-lua`) if present.
 local function module(name)
-	return dofile(HERE .. "bbstage/" .. name .. ".lua")
+	local base = HERE .. "bbstage/" .. name
+	local chunk = loadfile(base .. ".luac") or assert(loadfile(base .. ".lua"))
+	return chunk()
 end
 
--- The whole job script, or nil and a message.
+-- The whole job script (Slurm gives its path; a Lua error fails the hook with the reason).
 local function read_script(path)
-	local f, err = io.open(path, "rb")
-	if not f then return nil, "cannot read job script: " .. tostring(err) end
+	local f = assert(io.open(path, "rb"))
 	local text = f:read("*a")
 	f:close()
 	return text
 end
 
--- The directive header: every line before the first non-comment line (what counts).
-local function header(text)
-	local stop = text:find("\n[^#\r\n]")
-	return stop and text:sub(1, stop) or text
-end
-
--- Minimal JSON encoding for the flat request objects of docs/protocol.md.
-local function json(value)
-	local t = type(value)
-	if t == "string" then
-		return '"' .. value:gsub('[%c"\\]', function(c)
-			return string.format("\\u%04x", c:byte())
-		end) .. '"'
-	elseif t == "boolean" or t == "number" then
-		return tostring(value)
-	elseif value[1] ~= nil or next(value) == nil then
-		local items = {}
-		for i, v in ipairs(value) do items[i] = json(v) end
-		return "[" .. table.concat(items, ",") .. "]"
-	end
-	local items = {}
-	for k, v in pairs(value) do items[#items + 1] = json(k) .. ":" .. json(v) end
-	return "{" .. table.concat(items, ",") .. "}"
-end
-
--- Send one request to the daemon; return Slurm's (rc, message).
--- `wait` hooks may block until data is staged: Slurm's own timeout bounds them.
-local function call(op, fields, timeout)
-	fields.v, fields.op = 1, op
-	local zmtp = module("zmtp")
-	local reply, kind, err = zmtp.request(site.socket, { json(fields) },
-		{ timeout = timeout or 300 })
-	if not reply then
-		slurm.log_error("bbstage: %s job %s: %s (%s)", op, tostring(fields.job_id), err, kind)
-		return slurm.ERROR, err
-	end
-	local status, message = reply[1], reply[2] or ""
-	if status == "ok" then return slurm.SUCCESS, message end
-	if status == "busy" then return slurm.SUCCESS, "BUSY" end
-	return slurm.ERROR, message
-end
-
--- A request for a hook that gets (job_id, job_script[, uid, gid, job_info]).
-local function job_request(job_id, job_script, uid, gid, job_info)
-	local fields = { job_id = job_id, uid = uid, gid = gid }
-	if job_script then
-		local text, err = read_script(job_script)
-		if not text then return nil, err end
-		fields.script = header(text)
-	end
-	if type(job_info) == "userdata" or type(job_info) == "table" then
-		fields.nodes = job_info.nodes
-		fields.work_dir = job_info.work_dir
-	end
-	return fields
-end
-
+-- An asynchronous hook: send one request to the daemon (see lua/bbstage/hooks.lua).
+-- A Lua error becomes a readable reason (Slurm would show "(null)").
 local function forward(op, timeout, job_id, job_script, uid, gid, job_info, extra)
-	local fields, err = job_request(job_id, job_script, uid, gid, job_info)
-	if not fields then return slurm.ERROR, err end
-	for k, v in pairs(extra or {}) do fields[k] = v end
-	return call(op, fields, timeout)
+	local ok, rc, message = pcall(function()
+		local script = job_script and read_script(job_script)
+		return module("hooks").forward(module("zmtp"), site.socket, op, timeout, job_id,
+			script, uid, gid, job_info, extra)
+	end)
+	if ok then return rc, message end
+	return slurm.ERROR, "bbstage " .. op .. " hook failed: " .. tostring(rc)
 end
-
-local STAGE_TIMEOUT = 7 * 86400 -- Slurm's StageIn/OutTimeout kills the hook first
 
 --[[ Synchronous hooks: parse only. ]]
 
 -- At submission: reject a bad #BB_LUA directive with the line and what to fix.
 function slurm_bb_job_process(job_script, uid, gid, job_info)
-	local text, err = read_script(job_script)
-	if not text then return slurm.ERROR, err end
-	local result = module("directives").parse(text)
+	local result = module("directives").parse(read_script(job_script))
 	if #result.errors > 0 then
 		local messages = {}
 		for i = 1, math.min(#result.errors, 3) do messages[i] = result.errors[i].message end
@@ -118,7 +64,7 @@ function slurm_bb_pools()
 	local items = {}
 	for i, p in ipairs(site.pools or {}) do
 		items[i] = string.format('{"id":%s,"quantity":%d,"granularity":%d}',
-			json(p.name), p.quantity, p.granularity)
+			string.format("%q", p.name), p.quantity, p.granularity)
 	end
 	return slurm.SUCCESS, '{"pools":[' .. table.concat(items, ",") .. "]}"
 end
@@ -128,12 +74,9 @@ function slurm_bb_paths(job_id, job_script, path_file, uid, gid, job_info)
 	local pools = site.pools or {}
 	if #pools == 0 then return slurm.SUCCESS end
 	local chosen = pools[1]
-	local text = read_script(job_script)
-	if text then
-		local wanted = module("directives").parse(header(text)).pool
-		for _, p in ipairs(pools) do
-			if p.name == wanted then chosen = p end
-		end
+	local wanted = module("directives").parse(read_script(job_script)).pool
+	for _, p in ipairs(pools) do
+		if p.name == wanted then chosen = p end
 	end
 	local f, err = io.open(path_file, "a")
 	if not f then return slurm.ERROR, "cannot write path file: " .. tostring(err) end
@@ -152,7 +95,7 @@ end
 
 -- Stage in. 22.05: block until staged. 24.05+ (uid given): start, then test_data_in polls.
 function slurm_bb_data_in(job_id, job_script, uid, gid, job_info)
-	return forward("data_in", STAGE_TIMEOUT, job_id, job_script, uid, gid, job_info,
+	return forward("data_in", nil, job_id, job_script, uid, gid, job_info,
 		{ wait = uid == nil })
 end
 
@@ -174,7 +117,7 @@ end
 
 -- Stage out: like data_in.
 function slurm_bb_data_out(job_id, job_script, uid, gid, job_info)
-	return forward("data_out", STAGE_TIMEOUT, job_id, job_script, uid, gid, job_info,
+	return forward("data_out", nil, job_id, job_script, uid, gid, job_info,
 		{ wait = uid == nil })
 end
 
@@ -197,5 +140,6 @@ function slurm_bb_get_status(...)
 		table.remove(args, 1)
 	end
 	for i, v in ipairs(args) do args[i] = tostring(v) end
-	return call("get_status", { args = args, uid = uid }, 30)
+	return module("hooks").call(module("zmtp"), site.socket, "get_status",
+		{ args = args, uid = uid }, 30)
 end
