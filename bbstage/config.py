@@ -49,6 +49,8 @@ class Config:
     threads_per_transfer: int = 8
     chunk_size: int = 64 << 20
     retention_days: float = 7.0
+    slurm_conf: Path | None = None
+    reconcile_interval: float = 10.0
     pools: tuple[Pool, ...] = field(default_factory=tuple)
     s3: dict[str, Any] = field(default_factory=dict)
 
@@ -72,6 +74,8 @@ _DAEMON_KEYS = {
     "threads_per_transfer": int,
     "chunk_size": parse_size,
     "retention_days": float,
+    "slurm_conf": Path,
+    "reconcile_interval": float,
 }
 
 

@@ -9,6 +9,7 @@ import time
 import structlog
 
 from bbstage import log as logsetup
+from bbstage import reconcile
 from bbstage.config import Config
 from bbstage.engine import Engine
 from bbstage.executor import TransferExecutor
@@ -37,10 +38,12 @@ async def _main(config: Config) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     serving = asyncio.create_task(server.serve_forever())
+    reconciling = asyncio.create_task(reconcile.forever(engine))
     log.info("daemon started", pools=[p.name for p in config.pools])
     await stop.wait()
     log.info("daemon stopping")
     serving.cancel()
+    reconciling.cancel()
     await server.close()
     # Transfers stop; their state stays "running" and resumes on the next start.
     await asyncio.to_thread(executor.shutdown)

@@ -76,9 +76,10 @@ class Engine:
             return Reply.error("; ".join(e["message"] for e in parsed["errors"][:3]))
         uid, gid = int(req.get("uid", -1)), int(req.get("gid", -1))
         Identity.of(uid, gid)  # refuse unknown users and root before creating anything
-        pool = self.config.pool(req.get("pool") or parsed.get("pool"))
-        if (req.get("pool") or parsed.get("pool")) and pool is None:
-            return Reply.error(f"unknown pool {req.get('pool') or parsed.get('pool')!r}")
+        wanted = _slurm_value(req.get("pool")) or parsed.get("pool")
+        pool = self.config.pool(wanted)
+        if wanted and pool is None:
+            return Reply.error(f"unknown pool {wanted!r}: see `bbstage pools`")
         size = int(req.get("size") or parsed.get("capacity") or 0)
         path = None
         if pool is not None:
@@ -288,6 +289,11 @@ class Engine:
             j.size for j in self.store.jobs() if j.pool == pool_name and j.state not in FINISHED
         )
         return max(0, pool.capacity - used)
+
+
+def _slurm_value(value: Any) -> str | None:
+    """Slurm passes a missing string argument as "(null)"."""
+    return None if value in (None, "", "(null)") else str(value)
 
 
 def _describe(d: DirectiveRow) -> str:

@@ -122,9 +122,7 @@ def atomic_file(task: FileTask, job_id: str, progress: Progress) -> Iterator[int
     tmp = temp_name(task.dst, job_id)
     progress.temp(tmp)
     try:
-        fd = os.open(
-            tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-        )
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise os_error(exc, task.dst) from None
     try:

@@ -1,0 +1,140 @@
+"""The real local cluster (scripts/local-cluster): slurmctld, slurmd, munge and the daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+USER, OTHER = "bbuser1", "bbuser2"
+
+
+@dataclass
+class Cluster:
+    env: dict[str, str]
+    dir: Path
+
+    def run(self, *cmd: str, user: str | None = None, check: bool = True) -> str:
+        argv = ["runuser", "-u", user, "--", *cmd] if user else list(cmd)
+        proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=120)
+        if check and proc.returncode:
+            raise AssertionError(f"{shlex.join(argv)} -> {proc.returncode}\n{proc.stderr}")
+        return proc.stdout
+
+    def submit(self, workdir: Path, body: str, user: str = USER, check: bool = True) -> str:
+        script = workdir / f"job-{uuid.uuid4().hex[:6]}.sh"
+        script.write_text(body)
+        script.chmod(0o644)
+        out = self.run(
+            "sbatch", "--parsable", f"--chdir={workdir}", f"--output={workdir}/slurm-%j.out",
+            str(script), user=user, check=check,
+        )
+        return out.strip().split(";")[0]
+
+    def sbatch_error(self, workdir: Path, body: str) -> str:
+        script = workdir / "bad.sh"
+        script.write_text(body)
+        script.chmod(0o644)
+        proc = subprocess.run(
+            ["runuser", "-u", USER, "--", "sbatch", f"--chdir={workdir}", str(script)],
+            env=self.env, capture_output=True, text=True, timeout=60,
+        )
+        assert proc.returncode != 0, f"sbatch accepted a bad script: {proc.stdout}"
+        return proc.stderr
+
+    def job(self, job_id: str) -> dict[str, str]:
+        out = self.run("scontrol", "show", "job", job_id, check=False)
+        fields = dict(re.findall(r"(\w+)=(\S*)", out))
+        # scontrol turns the reason's spaces into "_"; squeue shows it as the user sees it.
+        reason = self.run("squeue", "-h", "-j", job_id, "-o", "%r", check=False).strip()
+        if reason:
+            fields["Reason"] = reason
+        return fields
+
+    def wait(self, job_id: str, pred, timeout: float = 120) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.job(job_id)
+            if pred(info):
+                return info
+            if info.get("Priority") == "0" and "burst_buffer/lua" in info.get("Reason", ""):
+                raise AssertionError(f"job {job_id} held: {info['Reason']}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} timed out in {info}")
+            time.sleep(0.2)
+
+    def wait_state(self, job_id: str, *states: str, timeout: float = 120) -> dict[str, str]:
+        return self.wait(job_id, lambda j: j.get("JobState") in states, timeout)
+
+    def wait_gone(self, job_id: str, timeout: float = 120) -> None:
+        """Until teardown ran: the job finished and its burst buffer is released."""
+        self.wait(
+            job_id,
+            lambda j: j.get("JobState") in ("COMPLETED", "CANCELLED", "FAILED")
+            and j.get("BurstBufferState", "") in ("", "complete", "teardown-complete"),
+            timeout,
+        )
+
+    def status(self, job_id: str, user: str = USER) -> dict:
+        return json.loads(self.run("bbstage", "status", "--json", job_id, user=user))
+
+    def bbstage(self, *args: str, user: str | None = USER) -> subprocess.CompletedProcess[str]:
+        argv = ["runuser", "-u", user, "--"] if user else []
+        return subprocess.run(
+            [*argv, "bbstage", *args], env=self.env, capture_output=True, text=True, timeout=60
+        )
+
+    def daemon_pid(self) -> int:
+        return int((self.dir / "run" / "bbstage.pid").read_text())
+
+    def up(self) -> None:
+        subprocess.run(
+            [str(REPO / "scripts" / "local-cluster"), "up"],
+            check=True, stdout=subprocess.DEVNULL, timeout=600,
+        )
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "local-cluster"), "up"],
+        stdout=subprocess.PIPE, text=True, timeout=1200,
+    )
+    assert proc.returncode == 0, "scripts/local-cluster up failed (see its output above)"
+    env = dict(os.environ)
+    for line in proc.stdout.splitlines():
+        m = re.match(r"export (\w+)=(.*)", line)
+        if m:
+            value = m.group(2).replace('"$PATH"', os.environ.get("PATH", ""))
+            env[m.group(1)] = shlex.split(value)[0] if value else ""
+    return Cluster(env, Path(env["BBSTAGE_CLUSTER_DIR"]))
+
+
+@pytest.fixture
+def workdir(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A directory owned by the test user, traversable by the cluster."""
+    name = re.sub(r"\W", "_", request.node.name)[:60]
+    path = cluster.dir / "tests" / f"{name}-{uuid.uuid4().hex[:6]}"
+    path.mkdir(parents=True)
+    (cluster.dir / "tests").chmod(0o755)
+    shutil.chown(path, USER, USER)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def as_user(path: Path, user: str = USER) -> Path:
+    """chown a path (recursively) to the test user."""
+    for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        shutil.chown(p, user, user)
+    return path
