@@ -37,8 +37,13 @@ class Cluster:
         script.write_text(body)
         script.chmod(0o644)
         out = self.run(
-            "sbatch", "--parsable", f"--chdir={workdir}", f"--output={workdir}/slurm-%j.out",
-            str(script), user=user, check=check,
+            "sbatch",
+            "--parsable",
+            f"--chdir={workdir}",
+            f"--output={workdir}/slurm-%j.out",
+            str(script),
+            user=user,
+            check=check,
         )
         return out.strip().split(";")[0]
 
@@ -48,7 +53,10 @@ class Cluster:
         script.chmod(0o644)
         proc = subprocess.run(
             ["runuser", "-u", USER, "--", "sbatch", f"--chdir={workdir}", str(script)],
-            env=self.env, capture_output=True, text=True, timeout=60,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert proc.returncode != 0, f"sbatch accepted a bad script: {proc.stdout}"
         return proc.stderr
@@ -81,8 +89,10 @@ class Cluster:
         """Until teardown ran: the job finished and its burst buffer is released."""
         self.wait(
             job_id,
-            lambda j: j.get("JobState") in ("COMPLETED", "CANCELLED", "FAILED")
-            and j.get("BurstBufferState", "") in ("", "complete", "teardown-complete"),
+            lambda j: (
+                j.get("JobState") in ("COMPLETED", "CANCELLED", "FAILED")
+                and j.get("BurstBufferState", "") in ("", "complete", "teardown-complete")
+            ),
             timeout,
         )
 
@@ -101,7 +111,9 @@ class Cluster:
     def up(self) -> None:
         subprocess.run(
             [str(REPO / "scripts" / "local-cluster"), "up"],
-            check=True, stdout=subprocess.DEVNULL, timeout=600,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            timeout=600,
         )
 
 
@@ -109,7 +121,9 @@ class Cluster:
 def cluster() -> Cluster:
     proc = subprocess.run(
         [str(REPO / "scripts" / "local-cluster"), "up"],
-        stdout=subprocess.PIPE, text=True, timeout=1200,
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=1200,
     )
     assert proc.returncode == 0, "scripts/local-cluster up failed (see its output above)"
     env = dict(os.environ)

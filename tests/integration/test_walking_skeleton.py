@@ -114,8 +114,10 @@ def test_scancel_during_stage_in_cleans_up(cluster: Cluster, workdir: Path) -> N
 
 def _status_running(cluster: Cluster, job: str) -> bool:
     result = cluster.bbstage("status", "--json", job)
-    return result.returncode == 0 and '"bytes_done": 0,' not in result.stdout and (
-        '"state": "running"' in result.stdout
+    return (
+        result.returncode == 0
+        and '"bytes_done": 0,' not in result.stdout
+        and ('"state": "running"' in result.stdout)
     )
 
 

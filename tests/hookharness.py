@@ -1,0 +1,124 @@
+"""A real daemon on a real ZeroMQ socket, and the real Lua hooks run by lua5.1 outside Slurm."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+USER = "bbuser1"
+
+
+@dataclass
+class Daemon:
+    root: Path
+    config: Path
+    etc: Path
+    proc: subprocess.Popen[bytes]
+
+    def hook(self, name: str, *args: str | None) -> tuple[int, str]:
+        argv = ["nil" if a is None else str(a) for a in args]
+        out = subprocess.run(
+            ["lua5.1", str(REPO / "tests" / "lua" / "call_hook.lua"), str(self.etc), name, *argv],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        first, _, rest = out.stdout.partition("\n")
+        return int(first.removeprefix("rc=")), rest.rstrip("\n")
+
+    def cli(self, *args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+        argv = ["runuser", "-u", user, "--"] if user else []
+        return subprocess.run(
+            [*argv, sys.executable, "-m", "bbstage.cli", "--config", str(self.config), *args],
+            capture_output=True, text=True, timeout=60, cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(20)
+
+
+def user_ids(name: str = USER) -> tuple[int, int]:
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        pytest.fail(f"test user {name} missing: run scripts/local-cluster up (scripts/test does)")
+    return pw.pw_uid, pw.pw_gid
+
+
+def start_daemon(root: Path, extra: str = "") -> Daemon:
+    etc = root / "etc"
+    etc.mkdir(parents=True, exist_ok=True)
+    config = etc / "bbstage.toml"
+    config.write_text(
+        f"""[daemon]
+socket = "{root}/run/control.sock"
+user_socket = "{root}/run/user.sock"
+state_dir = "{root}/state"
+reconcile_interval = 0
+{extra}
+[[pools]]
+name = "scratch"
+root = "{root}/scratch"
+capacity = "64M"
+granularity = "1M"
+"""
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run(
+        [sys.executable, "-m", "bbstage.cli", "--config", str(config), "install-lua",
+         "--dest", str(etc)],
+        check=True, env=env, capture_output=True,
+    )  # fmt: skip
+    log = open(root / "daemon.log", "ab")  # noqa: SIM115 - lives as long as the daemon
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bbstage.cli", "--config", str(config), "daemon"],
+        stdout=log, stderr=log, env=env, cwd=REPO,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while not (root / "run" / "user.sock").exists():
+        assert proc.poll() is None, (root / "daemon.log").read_text()
+        assert time.monotonic() < deadline, "daemon did not start"
+        time.sleep(0.05)
+    return Daemon(root, config, etc, proc)
+
+
+@pytest.fixture
+def area() -> Iterator[Path]:
+    """A directory the test user can reach (pytest's tmp_path is root-only)."""
+    base = Path("/var/tmp/bbstage-tests")
+    base.mkdir(mode=0o755, exist_ok=True)
+    base.chmod(0o755)
+    path = base / uuid.uuid4().hex[:10]
+    path.mkdir(mode=0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(area: Path) -> Iterator[Daemon]:
+    d = start_daemon(area / "daemon")
+    yield d
+    if d.proc.poll() is None:
+        d.stop()
+
+
+def user_tree(path: Path, uid: int, gid: int) -> Path:
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, uid, gid, follow_symlinks=False)
+    return path

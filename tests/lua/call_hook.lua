@@ -1,0 +1,18 @@
+-- Call one hook of an installed burst_buffer.lua the way Slurm does, outside Slurm.
+-- usage: lua5.1 call_hook.lua <dir with burst_buffer.lua> <hook name> [args...]
+-- Prints "rc=<rc>" then the message. The `slurm` table is a stand-in for Slurm's.
+slurm = {
+	SUCCESS = 0, ERROR = -1,
+	log_info = function() end, log_debug = function() end,
+	log_error = function(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end,
+}
+local dir, hook = arg[1], arg[2]
+dofile(dir .. "/burst_buffer.lua")
+local args = {}
+for i = 3, #arg do
+	local v = arg[i]
+	if v == "nil" then v = nil end
+	args[i - 2] = v
+end
+local rc, message = _G[hook](unpack(args, 1, #arg - 2))
+io.write("rc=", tostring(rc), "\n", tostring(message or ""), "\n")

@@ -1,0 +1,218 @@
+"""The Lua hooks against a real daemon over a real ZeroMQ socket (no Slurm needed).
+
+Covers both hook generations: 22.05 (data_in blocks until staged) and 24.05+ (data_in
+returns at once, test_data_in answers BUSY until done), idempotency, cancel, identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from .hookharness import REPO, Daemon, area, daemon, start_daemon, user_ids, user_tree
+
+__all__ = ["area", "daemon"]  # fixtures
+
+
+def script(path: Path, *lines: str) -> str:
+    path.write_text("#!/bin/bash\n" + "".join(f"#BB_LUA {line}\n" for line in lines) + "true\n")
+    path.chmod(0o644)
+    return str(path)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def wait_for(pred, timeout: float = 60) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def owned_dir(path: Path, uid: int, gid: int) -> Path:
+    path.mkdir(parents=True)
+    os.chown(path, uid, gid)
+    return path
+
+
+def tree(root: Path, files: int, size: int) -> Path:
+    root.mkdir(parents=True)
+    block = os.urandom(size)
+    for i in range(files):
+        (root / f"f{i:05}").write_bytes(block[i % 7 :] + block[: i % 7])
+    return root
+
+
+def test_slurm_22_05_flow(daemon: Daemon, area: Path) -> None:
+    uid, gid = user_ids()
+    data = user_tree(tree(area / "data", 30, 10_000), uid, gid)
+    out = area / "out"
+    out.mkdir()
+    user_tree(out, uid, gid)
+    job = script(
+        area / "job.sh",
+        f"stage_in source={data}/ destination=$BB_SCRATCH/in/",
+        f"stage_out source=$BB_SCRATCH/in/ destination={out}/back/",
+    )
+    assert daemon.hook("slurm_bb_setup", "101", str(uid), str(gid), "(null)", "0", job) == (0, "")
+    scratch = area / "daemon" / "scratch" / "101"
+    assert scratch.stat().st_uid == uid and scratch.stat().st_mode & 0o777 == 0o700
+    assert daemon.hook("slurm_bb_data_in", "101", job) == (0, "")
+    assert len(list((scratch / "in").iterdir())) == 30
+    assert daemon.hook("slurm_bb_pre_run", "101", job)[0] == 0
+    assert daemon.hook("slurm_bb_post_run", "101", job)[0] == 0
+    assert daemon.hook("slurm_bb_data_out", "101", job) == (0, "")
+    assert {p.name: sha(p) for p in (out / "back").iterdir()} == {
+        p.name: sha(p) for p in data.iterdir()
+    }
+    assert (out / "back" / "f00001").stat().st_uid == uid
+    assert daemon.hook("slurm_bb_job_teardown", "101", job, "false")[0] == 0
+    assert not scratch.exists()
+    status = json.loads(daemon.cli("status", "--json", "101").stdout)
+    assert status["state"] == "done"
+
+
+def test_slurm_24_05_submit_and_poll(daemon: Daemon, area: Path) -> None:
+    uid, gid = user_ids()
+    data = user_tree(tree(area / "data", 400, 64 << 10), uid, gid)
+    job = script(area / "job.sh", f"stage_in source={data}/ destination=$BB_SCRATCH/in/")
+    u, g = str(uid), str(gid)
+    assert daemon.hook("slurm_bb_setup", "102", u, g, "scratch", "0", job, None)[0] == 0
+    started = time.monotonic()
+    assert daemon.hook("slurm_bb_data_in", "102", job, u, g, None) == (0, "")
+    assert time.monotonic() - started < 2  # returned without waiting for the data
+    answers = []
+    while True:
+        rc, message = daemon.hook("slurm_bb_test_data_in", "102", job, u, g, None)
+        assert rc == 0
+        answers.append(message)
+        if message != "BUSY":
+            break
+        time.sleep(0.05)
+    assert answers[-1] == ""
+    assert len(list((area / "daemon" / "scratch" / "102" / "in").iterdir())) == 400
+
+
+def test_requests_are_idempotent(daemon: Daemon, area: Path) -> None:
+    uid, gid = user_ids()
+    src = area / "f.dat"
+    src.write_bytes(os.urandom(1 << 20))
+    user_tree(area, uid, gid)
+    dst = area / "dst.dat"
+    job = script(area / "job.sh", f"stage_in source={src} destination={dst}")
+    for _ in range(2):  # Slurm re-runs hooks after timeouts
+        assert daemon.hook("slurm_bb_setup", "103", str(uid), str(gid), "(null)", "0", job)[0] == 0
+    assert daemon.hook("slurm_bb_data_in", "103", job) == (0, "")
+    first = dst.stat().st_ino
+    assert daemon.hook("slurm_bb_data_in", "103", job) == (0, "")
+    assert dst.stat().st_ino == first  # not copied again
+
+
+def test_teardown_hurry_aborts_within_two_seconds(daemon: Daemon, area: Path) -> None:
+    uid, gid = user_ids()
+    data = user_tree(tree(area / "data", 4000, 256 << 10), uid, gid)
+    dst = owned_dir(area / "mine", uid, gid) / "dst"
+    job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
+    u, g = str(uid), str(gid)
+    assert daemon.hook("slurm_bb_setup", "104", u, g, "(null)", "0", job)[0] == 0
+    assert daemon.hook("slurm_bb_data_in", "104", job, u, g, None)[0] == 0
+    wait_for(lambda: dst.exists() and len(list(dst.iterdir())) >= 10)
+    started = time.monotonic()
+    assert daemon.hook("slurm_bb_job_teardown", "104", job, "true")[0] == 0
+    assert time.monotonic() - started < 2
+    assert [p for p in dst.iterdir() if ".bbstage-" in p.name] == []
+    assert len(list(dst.iterdir())) < 4000
+    status = json.loads(daemon.cli("status", "--json", "104").stdout)
+    assert status["state"] == "cancelled"
+
+
+def test_root_only_source_is_refused_and_nothing_lands(daemon: Daemon, area: Path) -> None:
+    uid, gid = user_ids()
+    secret = area / "secret"
+    secret.write_text("root only")
+    secret.chmod(0o600)
+    dst = area / "mine"
+    dst.mkdir()
+    user_tree(dst, uid, gid)
+    job = script(area / "job.sh", f"stage_in source={secret} destination={dst}/secret")
+    assert daemon.hook("slurm_bb_setup", "105", str(uid), str(gid), "(null)", "0", job)[0] == 0
+    rc, message = daemon.hook("slurm_bb_data_in", "105", job)
+    assert rc != 0
+    assert message == f"stage_in line 2: permission denied: {secret}"
+    assert list(dst.iterdir()) == []
+
+
+def test_destination_symlink_to_root_file_is_not_written_through(
+    daemon: Daemon, area: Path
+) -> None:
+    uid, gid = user_ids()
+    victim = area / "root-owned.conf"
+    victim.write_text("precious\n")
+    victim.chmod(0o644)
+    mine = area / "mine"
+    mine.mkdir()
+    (mine / "in.dat").write_text("user data\n")
+    os.symlink(victim, mine / "out.dat")
+    user_tree(mine, uid, gid)
+    job = script(area / "job.sh", f"stage_in source={mine}/in.dat destination={mine}/out.dat")
+    assert daemon.hook("slurm_bb_setup", "106", str(uid), str(gid), "(null)", "0", job)[0] == 0
+    assert daemon.hook("slurm_bb_data_in", "106", job)[0] == 0
+    assert victim.read_text() == "precious\n"
+    assert not (mine / "out.dat").is_symlink()  # the link itself was replaced, as the user
+    assert (mine / "out.dat").read_text() == "user data\n"
+
+
+def test_hook_fails_at_once_when_daemon_is_down(area: Path) -> None:
+    d = start_daemon(area / "d")
+    d.stop()
+    uid, gid = user_ids()
+    job = script(area / "job.sh", "stage_in source=/etc/hostname destination=/tmp/x")
+    started = time.monotonic()
+    rc, message = d.hook("slurm_bb_setup", "107", str(uid), str(gid), "(null)", "0", job)
+    assert rc != 0 and "staging daemon not reachable" in message
+    assert time.monotonic() - started < 1
+
+
+def test_kill_9_mid_stage_in_then_restart_completes(area: Path) -> None:
+    d = start_daemon(area / "d")
+    uid, gid = user_ids()
+    data = user_tree(tree(area / "data", 3000, 128 << 10), uid, gid)
+    dst = owned_dir(area / "mine", uid, gid) / "dst"
+    job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
+    assert d.hook("slurm_bb_setup", "108", str(uid), str(gid), "(null)", "0", job)[0] == 0
+    hook = subprocess.Popen(  # a 22.05 data_in: waits, reconnects, re-sends
+        ["lua5.1", str(REPO / "tests/lua/call_hook.lua"), str(d.etc), "slurm_bb_data_in", "108",
+         job],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_for(lambda: dst.exists() and len(list(dst.iterdir())) >= 50)
+    d.kill()
+    time.sleep(0.3)
+    d2 = start_daemon(area / "d")
+    try:
+        out, _ = hook.communicate(timeout=120)
+        assert out.startswith("rc=0"), out
+        assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in data.iterdir())
+        for p in data.iterdir():
+            assert sha(dst / p.name) == sha(p)
+    finally:
+        d2.stop()
+
+
+def test_status_is_private(daemon: Daemon, area: Path) -> None:
+    uid, gid = user_ids()
+    job = script(area / "job.sh", f"stage_in source={area}/secret-name.dat destination=/tmp/x")
+    daemon.hook("slurm_bb_setup", "109", str(uid), str(gid), "(null)", "0", job)
+    mine = daemon.cli("status", "109", user="bbuser1")
+    assert mine.returncode == 0 and "secret-name.dat" in mine.stdout
+    other = daemon.cli("status", "109", user="bbuser2")
+    assert other.returncode == 3
+    assert "secret-name" not in other.stdout + other.stderr
+    assert "no staging job of yours" in other.stderr
+    assert daemon.cli("status", "109").returncode == 0  # root sees everything
