@@ -59,7 +59,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"bbstage: job id must be a number, got {args.job_id!r}", file=sys.stderr)
         return EXIT_USAGE
     status = _ask(args, "status", job_id=args.job_id)
-    if args.json:
+    if args.watch:
+        status = render.watch(lambda: _ask(args, "status", job_id=args.job_id), args.interval)
+    elif args.json:
         print(json.dumps(status, indent=2))
     else:
         render.status(status)
@@ -82,6 +84,18 @@ def cmd_pools(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_config_check(args: argparse.Namespace) -> int:
+    from bbstage import checks
+
+    return checks.run(_config(args), args.slurm_conf_dir)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bbstage import bench
+
+    return bench.main(args)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bbstage",
@@ -100,6 +114,10 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="show a job's staging: state and one row per directive")
     s.add_argument("job_id", help="Slurm job id")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument(
+        "--watch", action="store_true", help="live progress bars until staging has finished"
+    )
+    s.add_argument("--interval", type=float, default=1.0, help="--watch refresh, seconds")
     s.set_defaults(func=cmd_status)
 
     s = sub.add_parser("validate", help="check the #BB_LUA directives of a batch script")
@@ -118,11 +136,48 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("daemon", help="run the staging daemon in the foreground (as root)")
     s.set_defaults(func=cmd_daemon)
 
+    s = sub.add_parser("config", help="check the daemon's configuration (admins)")
+    csub = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = csub.add_parser("check", help="check config, pools, sockets, Slurm and Lua install")
+    c.add_argument(
+        "--slurm-conf-dir", help="directory of slurm.conf: also check the installed hooks"
+    )
+    c.set_defaults(func=cmd_config_check)
+
     s = sub.add_parser(
         "install-lua", help="install burst_buffer.lua and its site file beside slurm.conf"
     )
     s.add_argument("--dest", required=True, help="directory that holds slurm.conf")
     s.set_defaults(func=cmd_install_lua)
+
+    s = sub.add_parser(
+        "bench",
+        help="time staging a generated data set (vs cp -r and rsync -a for POSIX)",
+        description="Generate a data set under --source, stage it to --destination through "
+        "the movers real jobs use, report MB/s, files/s and per-file latency; for POSIX "
+        "locations also time cp and rsync -a on the same data. Removes what it generated.",
+    )
+    s.add_argument("--source", required=True, help="directory (or s3://bucket/prefix)")
+    s.add_argument("--destination", required=True, help="directory (or s3://bucket/prefix)")
+    s.add_argument("--files", type=int, help="number of files (default 1000)")
+    s.add_argument("--file-size", help="size of each file, e.g. 4K, 1M (default 1M)")
+    s.add_argument("--total", help="total size, e.g. 4G (with --files or --file-size)")
+    s.add_argument("--repeat", type=int, default=1, help="timed runs each; medians (default 1)")
+    s.add_argument("--threads", type=int, help="threads per transfer (default: from config)")
+    s.add_argument("--checksum", default="none", choices=["none", "xxh3", "blake2b"])
+    s.add_argument(
+        "--cache",
+        default="auto",
+        choices=["auto", "drop", "warm"],
+        help="drop the page cache before each copy (auto: when permitted) or keep it warm",
+    )
+    s.add_argument("--no-baselines", action="store_true", help="do not time cp / rsync")
+    s.add_argument("--as-user", metavar="USER", help="(root) run everything as USER")
+    s.add_argument("--keep", action="store_true", help="keep the generated data")
+    s.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+    s.add_argument("--plot", metavar="FILE.png", help="throughput over time (matplotlib)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_bench)
     return p
 
 

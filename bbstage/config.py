@@ -51,6 +51,7 @@ class Config:
     retention_days: float = 7.0
     slurm_conf: Path | None = None
     reconcile_interval: float = 10.0
+    metrics_address: str = "127.0.0.1:9754"
     pools: tuple[Pool, ...] = field(default_factory=tuple)
     s3: dict[str, Any] = field(default_factory=dict)
 
@@ -76,6 +77,7 @@ _DAEMON_KEYS = {
     "retention_days": float,
     "slurm_conf": Path,
     "reconcile_interval": float,
+    "metrics_address": str,
 }
 
 

@@ -9,7 +9,7 @@ import time
 import structlog
 
 from bbstage import log as logsetup
-from bbstage import reconcile
+from bbstage import metrics, reconcile
 from bbstage.config import Config
 from bbstage.engine import Engine
 from bbstage.executor import TransferExecutor
@@ -32,6 +32,7 @@ async def _main(config: Config) -> int:
     engine = Engine(config, store, executor)
     server = Server(engine)
     await server.start()
+    metrics.serve(engine, config.metrics_address)
     engine.resume()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

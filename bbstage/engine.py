@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from bbstage import directives, scratch
+from bbstage import directives, metrics, scratch
 from bbstage.config import Config
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
@@ -52,6 +52,7 @@ class Engine:
         except (ValueError, IdentityError) as exc:
             reply = Reply.error(str(exc))
         bound.info("reply", status=reply.status, message=reply.message)
+        metrics.HOOKS.labels(request.op, reply.status).inc()
         return reply
 
     def resume(self) -> None:
@@ -221,16 +222,25 @@ class Engine:
     def _finished(self, job_id: str, d: DirectiveRow, future: asyncio.Future[None]) -> None:
         self._active.pop((job_id, d.idx), None)
         exc = None if future.cancelled() else future.exception()
+        now = time.time()
         if exc is None:
-            self.store.set_directive(job_id, d.idx, state=DONE, finished=time.time())
+            state = DONE
+            self.store.set_directive(job_id, d.idx, state=DONE, finished=now)
             log.info("transfer done", job_id=job_id, directive=d.idx)
         else:
             state = CANCELLED if str(exc) == "cancelled" else FAILED
-            self.store.set_directive(
-                job_id, d.idx, state=state, error=str(exc), finished=time.time()
-            )
+            self.store.set_directive(job_id, d.idx, state=state, error=str(exc), finished=now)
             log.warning("transfer failed", job_id=job_id, directive=d.idx, error=str(exc))
+        row = next((r for r in self._rows(job_id) if r.idx == d.idx), None)
+        if row is not None:
+            direction = "in" if d.verb == "stage_in" else "out"
+            elapsed = now - (row.started or now)
+            metrics.transfer_finished(direction, state, elapsed, row.bytes_done, row.files_done)
         self._settle(job_id, d.verb)
+
+    def _rows(self, job_id: str) -> list[DirectiveRow]:
+        job = self.store.job(job_id)
+        return job.directives if job else []
 
     def _settle(self, job_id: str, verb: str) -> None:
         """Move the job to ``staged_*`` or ``failed`` once a direction has finished."""
@@ -280,6 +290,7 @@ class Engine:
             "threads": self.config.threads_per_transfer,
             "chunk_size": self.config.chunk_size,
             "extra": {"s3": self.config.s3, "profile": options.get("profile")},
+            "scratch_limit": _scratch_limit(job, spec),
         }
 
     def _free(self, pool_name: str) -> int:
@@ -289,6 +300,13 @@ class Engine:
             j.size for j in self.store.jobs() if j.pool == pool_name and j.state not in FINISHED
         )
         return max(0, pool.capacity - used)
+
+
+def _scratch_limit(job: JobRow, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """Staging into scratch may use at most the job's ``capacity=`` (when it asked for one)."""
+    if spec.get("destination_kind") != "scratch" or not job.size or not job.scratch:
+        return None
+    return {"path": job.scratch, "capacity": job.size}
 
 
 def _slurm_value(value: Any) -> str | None:

@@ -31,6 +31,17 @@ class TransferExecutor:
         self._lock = threading.Lock()
         self._running: dict[str, Any] = {}  # key -> Process
         self._cancelled: set[str] = set()
+        self._submitted = 0
+
+    @property
+    def running(self) -> int:
+        """Transfers running in a worker process now."""
+        return len(self._running)
+
+    @property
+    def queued(self) -> int:
+        """Transfers waiting for a worker slot."""
+        return max(0, self._submitted - len(self._running))
 
     def submit(
         self,
@@ -43,11 +54,17 @@ class TransferExecutor:
         future: Future[None] = Future()
         with self._lock:
             self._cancelled.discard(key)
+            self._submitted += 1
+        future.add_done_callback(self._done)
         thread = threading.Thread(
             target=self._guarded, args=(key, spec, identity, on_event, future), daemon=True
         )
         thread.start()
         return future
+
+    def _done(self, _future: Future[None]) -> None:
+        with self._lock:
+            self._submitted -= 1
 
     def cancel(self, key: str) -> None:
         """Stop a transfer: SIGTERM (the worker removes its partial files), SIGKILL if needed."""

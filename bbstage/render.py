@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
+
+FINAL = ("done", "failed", "cancelled")
 
 
 def _size(n: float) -> str:
@@ -48,3 +52,59 @@ def pools(rows: dict[str, dict[str, int]]) -> None:
             f"{name:<12} {_size(p['capacity']):>12} {_size(p['reserved']):>12}"
             f" {_size(p['free']):>12}"
         )
+
+
+def watch(fetch: Callable[[], dict[str, Any]], interval: float = 1.0) -> dict[str, Any]:
+    """Live view with a progress bar per directive, until the job's staging has finished."""
+    from rich.console import Group
+    from rich.live import Live
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+    from rich.text import Text
+
+    job = fetch()
+    bars = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[state]}"),
+    )
+    tasks = {
+        d["index"]: bars.add_task(
+            f"#{d['index']} {d['direction']:<3} {d['source']} -> {d['destination']}",
+            total=d["bytes_total"] or None,
+            state=d["state"],
+        )
+        for d in job["directives"]
+    }
+
+    def header() -> str:
+        error = f" ({job['error']})" if job["error"] else ""
+        return f"job {job['job_id']}: {job['state']}{error}"
+
+    title = Text(header())
+    with Live(Group(title, bars), refresh_per_second=4):
+        while True:
+            for d in job["directives"]:
+                bars.update(
+                    tasks[d["index"]],
+                    completed=d["bytes_done"],
+                    total=d["bytes_total"] or None,
+                    state=d["state"] + (f": {d['error']}" if d["error"] else ""),
+                )
+            title.plain = header()
+            busy = job["state"].startswith("staging") or any(
+                d["state"] == "running" for d in job["directives"]
+            )
+            if job["state"] in FINAL or not busy:
+                return job
+            time.sleep(interval)
+            job = fetch()

@@ -43,7 +43,8 @@ class _Reporter:
             self.bytes += nbytes
             self._maybe_report()
 
-    def file_done(self) -> None:
+    def file_done(self, seconds: float | None = None) -> None:
+        """One more file in place; ``seconds`` it took from start to rename (``bbstage bench``)."""
         with self._lock:
             self.files += 1
             self._maybe_report()
@@ -109,6 +110,8 @@ def run(spec: dict[str, Any], reporter: _Reporter, cancel: threading.Event) -> N
             cancel,
         )
         tasks = _select(mover, tasks, spec.get("overwrite", "always"))
+        if spec.get("scratch_limit"):
+            _check_capacity(tasks, **spec["scratch_limit"])
         reporter.send("plan", sum(t.size for t in tasks), sum(1 for t in tasks if t.kind == "file"))
         _copy_all(mover, tasks, reporter, cancel, options.threads)
     finally:
@@ -129,6 +132,23 @@ def _select(mover: Mover, tasks: list[FileTask], overwrite: str) -> list[FileTas
                 continue
         chosen.append(task)
     return chosen
+
+
+def _check_capacity(tasks: list[FileTask], path: str, capacity: int) -> None:
+    """Refuse before copying what would not fit in the job's scratch capacity."""
+    used = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                used += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    needed = sum(t.size for t in tasks)
+    if used + needed > capacity:
+        raise TransferError(
+            f"does not fit in $BB_SCRATCH: needs {needed} bytes, {used} of capacity={capacity}"
+            " are used; ask for a larger #BB_LUA capacity="
+        )
 
 
 def _dst_newer(task: FileTask) -> bool:
@@ -152,9 +172,10 @@ def _copy_all(
     files = [t for t in tasks if t.kind != "dir"]
 
     def one(task: FileTask) -> None:
+        started = time.perf_counter()
         _with_retries(lambda: mover.copy(task, reporter, cancel), cancel)
         if task.kind == "file":
-            reporter.file_done()
+            reporter.file_done(time.perf_counter() - started)
 
     if len(files) == 1:
         one(files[0])

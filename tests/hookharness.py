@@ -71,7 +71,7 @@ socket = "{root}/run/control.sock"
 user_socket = "{root}/run/user.sock"
 state_dir = "{root}/state"
 reconcile_interval = 0
-{extra}
+{extra or 'metrics_address = ""'}
 [[pools]]
 name = "scratch"
 root = "{root}/scratch"

@@ -88,3 +88,16 @@ def test_permanent_errors_are_not_retried() -> None:
     with pytest.raises(TransferError, match="permission denied: /secret"):
         worker._with_retries(denied, threading.Event())
     assert len(calls) == 1
+
+
+def test_scratch_capacity_is_enforced(tmp_path: Path) -> None:
+    (tmp_path / "big").write_bytes(b"x" * 5000)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "already").write_bytes(b"y" * 1000)
+    limit = {"path": str(scratch), "capacity": 5500}
+    with pytest.raises(TransferError, match="needs 5000 bytes, 1000 of capacity=5500"):
+        run(spec(tmp_path / "big", scratch / "big", scratch_limit=limit))
+    assert not (scratch / "big").exists()
+    run(spec(tmp_path / "big", scratch / "big", scratch_limit={**limit, "capacity": 6000}))
+    assert (scratch / "big").stat().st_size == 5000

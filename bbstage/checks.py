@@ -1,0 +1,71 @@
+"""`bbstage config check`: what an admin should verify before (and after) going live."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from bbstage import luainstall
+from bbstage.config import Config
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+
+def _owner_safe(path: Path) -> str | None:
+    """A directory root trusts must be root-owned and not writable by others."""
+    st = path.stat()
+    if st.st_uid != 0:
+        return f"{path} is owned by uid {st.st_uid}, not root"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by group or others (chmod go-w)"
+    return None
+
+
+def findings(config: Config, slurm_conf_dir: str | None = None) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    if os.geteuid() != 0:
+        out.append((WARN, "not running as root: ownership checks may be incomplete"))
+    if not config.pools:
+        out.append((WARN, "no [[pools]]: jobs get no $BB_SCRATCH and capacity= is refused"))
+    for pool in config.pools:
+        if not pool.root.exists():
+            out.append((WARN, f"pool {pool.name}: {pool.root} does not exist (created at setup)"))
+        elif problem := _owner_safe(pool.root):
+            out.append((FAIL, f"pool {pool.name}: {problem}"))
+        else:
+            free = shutil.disk_usage(pool.root).free
+            level = WARN if free < pool.capacity else OK
+            out.append((level, f"pool {pool.name}: {pool.root}, {free} bytes free on disk,"
+                               f" capacity {pool.capacity}"))  # fmt: skip
+        if pool.capacity % pool.granularity:
+            out.append((WARN, f"pool {pool.name}: capacity is not a multiple of granularity"))
+    for label, path in (("state_dir", config.state_dir), ("socket dir", config.socket.parent)):
+        if path.exists() and (problem := _owner_safe(path)):
+            out.append((FAIL, f"{label}: {problem}"))
+    for tool, why in (
+        ("squeue", "the reconciler cannot see cancelled jobs"),
+        ("luac5.1", "install-lua ships source only (slower sbatch-time parsing)"),
+    ):
+        if shutil.which(tool) is None:
+            out.append((WARN, f"{tool} not found: {why}"))
+    if slurm_conf_dir:
+        site = Path(slurm_conf_dir) / "bbstage_site.lua"
+        expected = luainstall.site_lua(config, "").split("\n", 1)[1]
+        if not (Path(slurm_conf_dir) / "burst_buffer.lua").exists():
+            out.append((FAIL, f"no burst_buffer.lua in {slurm_conf_dir}: run bbstage install-lua"))
+        elif not site.exists() or site.read_text().split("\n", 1)[1] != expected:
+            out.append((FAIL, f"{site} does not match this config: run bbstage install-lua"))
+        else:
+            out.append((OK, f"hooks in {slurm_conf_dir} match this config"))
+    if not any(level == FAIL for level, _ in out):
+        out.append((OK, "configuration is usable"))
+    return out
+
+
+def run(config: Config, slurm_conf_dir: str | None) -> int:
+    results = findings(config, slurm_conf_dir)
+    for level, message in results:
+        print(f"{level:>4}  {message}")
+    return 1 if any(level == FAIL for level, _ in results) else 0

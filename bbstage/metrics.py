@@ -1,0 +1,90 @@
+"""Prometheus metrics (prometheus_client), served on loopback by default.
+
+Counters and histograms are updated as transfers finish; gauges that describe the current
+state (pools, jobs, queue depth) are read from the engine at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import structlog
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from bbstage.engine import Engine
+
+log = structlog.get_logger("bbstage.metrics")
+
+BYTES = Counter("bbstage_staged_bytes", "Bytes staged", ["direction"])
+FILES = Counter("bbstage_staged_files", "Files staged", ["direction"])
+TRANSFERS = Counter("bbstage_transfers", "Finished directive transfers", ["direction", "outcome"])
+DURATION = Histogram(
+    "bbstage_transfer_duration_seconds",
+    "Time to stage one directive",
+    ["direction"],
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, float("inf")),
+)
+HOOKS = Counter("bbstage_hook_requests", "Requests from the Slurm hooks", ["hook", "status"])
+
+
+class StateCollector(Collector):
+    """Gauges computed from the engine when Prometheus scrapes."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        from bbstage import report
+
+        active = GaugeMetricFamily("bbstage_transfers_active", "Transfers running now")
+        active.add_metric([], self.engine.executor.running)
+        yield active
+        queued = GaugeMetricFamily(
+            "bbstage_transfers_queued", "Transfers waiting for a worker slot"
+        )
+        queued.add_metric([], self.engine.executor.queued)
+        yield queued
+        jobs = GaugeMetricFamily("bbstage_jobs", "Jobs known to the daemon", labels=["state"])
+        counts: dict[str, int] = {}
+        for job in self.engine.store.jobs():
+            counts[job.state] = counts.get(job.state, 0) + 1
+        for state, n in sorted(counts.items()):
+            jobs.add_metric([state], n)
+        yield jobs
+        capacity = GaugeMetricFamily(
+            "bbstage_pool_capacity_bytes", "Scratch pool capacity", labels=["pool"]
+        )
+        reserved = GaugeMetricFamily(
+            "bbstage_pool_reserved_bytes", "Capacity reserved by active jobs", labels=["pool"]
+        )
+        for name, pool in report.pools(self.engine).items():
+            capacity.add_metric([name], pool["capacity"])
+            reserved.add_metric([name], pool["reserved"])
+        yield capacity
+        yield reserved
+
+
+def serve(engine: Engine, address: str) -> None:
+    """Start the HTTP endpoint (a daemon thread) on ``host:port``; empty address: off."""
+    if not address:
+        return
+    host, _, port = address.rpartition(":")
+    REGISTRY.register(StateCollector(engine))
+    try:
+        start_http_server(int(port), addr=host or "127.0.0.1")
+    except OSError as exc:  # staging matters more than metrics: keep running
+        log.error("metrics endpoint not started", address=address, error=str(exc))
+
+
+def transfer_finished(
+    direction: str, outcome: str, seconds: float, nbytes: int, files: int
+) -> None:
+    TRANSFERS.labels(direction, outcome).inc()
+    DURATION.labels(direction).observe(seconds)
+    if outcome == "done":
+        BYTES.labels(direction).inc(nbytes)
+        FILES.labels(direction).inc(files)

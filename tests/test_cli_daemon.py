@@ -1,0 +1,100 @@
+"""[D] The CLI and the metrics endpoint against a real daemon, as root and two users."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .hookharness import Daemon, area, start_daemon, user_ids, user_tree
+from .test_hooks_daemon import script
+
+__all__ = ["area"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def staged(area: Path) -> tuple[Daemon, int]:
+    port = free_port()
+    d = start_daemon(area / "d", extra=f'metrics_address = "127.0.0.1:{port}"')
+    uid, gid = user_ids()
+    src = area / "src"
+    src.mkdir()
+    (src / "a.dat").write_bytes(b"a" * 5000)
+    user_tree(src, uid, gid)
+    job = script(area / "job.sh", f"stage_in source={src}/a.dat destination=$BB_SCRATCH/a.dat")
+    d.hook("slurm_bb_setup", "201", str(uid), str(gid), "scratch", str(8 << 20), job)
+    assert d.hook("slurm_bb_data_in", "201", job) == (0, "")
+    yield d, port
+    d.stop()
+
+
+def test_metrics_are_scraped_over_http(staged: tuple[Daemon, int]) -> None:
+    _, port = staged
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'bbstage_staged_bytes_total{direction="in"} 5000.0' in text
+    assert 'bbstage_staged_files_total{direction="in"} 1.0' in text
+    assert 'bbstage_transfers_total{direction="in",outcome="done"} 1.0' in text
+    assert 'bbstage_pool_reserved_bytes{pool="scratch"} 8.388608e+06' in text
+    assert 'bbstage_jobs{state="staged_in"} 1.0' in text
+    assert "bbstage_transfers_queued 0.0" in text
+    assert 'bbstage_hook_requests_total{hook="data_in",status="ok"} 1.0' in text
+
+
+def test_jobs_and_pools_per_identity(staged: tuple[Daemon, int]) -> None:
+    d, _ = staged
+    mine = json.loads(d.cli("jobs", "--json", user="bbuser1").stdout)
+    assert [j["job_id"] for j in mine] == ["201"]
+    assert json.loads(d.cli("jobs", "--json", user="bbuser2").stdout) == []
+    assert [j["job_id"] for j in json.loads(d.cli("jobs", "--json").stdout)] == ["201"]
+    pools = json.loads(d.cli("pools", "--json", user="bbuser2").stdout)
+    assert pools["scratch"]["reserved"] == 8 << 20
+    assert pools["scratch"]["free"] == (64 << 20) - (8 << 20)
+    table = d.cli("jobs")
+    assert table.returncode == 0 and "201" in table.stdout and "staged_in" in table.stdout
+
+
+def test_status_exit_codes_and_messages(staged: tuple[Daemon, int]) -> None:
+    d, _ = staged
+    ok = d.cli("status", "201", user="bbuser1")
+    assert ok.returncode == 0 and "job 201: staged_in" in ok.stdout
+    assert d.cli("status", "999", user="bbuser1").returncode == 3
+    assert d.cli("status", "x1").returncode == 2
+    d.stop()
+    down = d.cli("status", "201", user="bbuser1")
+    assert down.returncode == 4 and "staging daemon not reachable" in down.stderr
+
+
+def test_every_command_has_help(staged: tuple[Daemon, int]) -> None:
+    d, _ = staged
+    for cmd in ("status", "validate", "jobs", "pools", "daemon", "install-lua", "config"):
+        out = d.cli(cmd, "--help")
+        assert out.returncode == 0 and "usage: bbstage" in out.stdout, cmd
+
+
+def test_control_socket_is_root_only(staged: tuple[Daemon, int]) -> None:
+    d, _ = staged
+    uid, gid = user_ids()
+    job = d.root / "job-user.sh"
+    job.write_text("#!/bin/bash\ntrue\n")
+    job.chmod(0o644)
+    # The hooks, run as a normal user, cannot reach the control socket.
+    import subprocess
+
+    from .hookharness import REPO
+
+    out = subprocess.run(
+        ["runuser", "-u", "bbuser1", "--", "lua5.1", str(REPO / "tests/lua/call_hook.lua"),
+         str(d.etc), "slurm_bb_setup", "202", str(uid), str(gid), "(null)", "0", str(job)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.stdout.startswith("rc=-1")
+    assert "staging daemon not reachable" in out.stdout and "ermission denied" in out.stdout
