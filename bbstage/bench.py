@@ -404,7 +404,7 @@ def bench(opts: Options) -> dict[str, Any]:
     }
     for name in commands:
         base = _summary(runs[name])
-        base["command"] = " ".join(commands[name]()[:2]) if name == "cp" else "rsync -a"
+        base["command"] = {"cp": "cp -r" if tree else "cp", "rsync": "rsync -a"}[name]
         base["ratio"] = base["seconds"] / result["seconds"] if result["seconds"] > 0 else None
         result["baselines"][name] = base
     return result

@@ -1,0 +1,147 @@
+"""``bbstage bench``: small data sets through the real worker, baselines, JSON, cleanup, plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bbstage import bench, cli
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(["--config", "/nonexistent/bbstage.toml", "bench", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    return src, dst
+
+
+def test_tree_json_baselines_and_cleanup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, dst = dirs(tmp_path)
+    code, out, err = run_cli(
+        capsys,
+        *("--source", str(src), "--destination", str(dst)),
+        *("--files", "50", "--file-size", "4K", "--cache", "warm", "--repeat", "2", "--json"),
+    )
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["files"] == 50 and r["file_size"] == 4096 and r["total_bytes"] == 50 * 4096
+    assert r["mb_per_s"] > 0 and r["files_per_s"] > 0
+    assert set(r["latency_ms"]) == {"p50", "p90", "p99", "max", "mean"}
+    assert r["latency_ms"]["p50"] <= r["latency_ms"]["p99"] <= r["latency_ms"]["max"]
+    assert len(r["runs"]) == 2 and r["cache"] == "warm"
+    cp = r["baselines"]["cp"]
+    assert cp["command"] == "cp -r"
+    assert cp["ratio"] == pytest.approx(cp["seconds"] / r["seconds"])
+    assert cp["files_per_s"] > 0 and cp["mb_per_s"] > 0
+    if shutil.which("rsync"):
+        assert r["baselines"]["rsync"]["ratio"] > 0
+    assert list(src.iterdir()) == [] and list(dst.iterdir()) == []  # cleaned up
+
+
+def test_single_file_uses_plain_cp_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, dst = dirs(tmp_path)
+    png = tmp_path / "t.png"
+    code, out, err = run_cli(
+        capsys,
+        *("--source", str(src), "--destination", str(dst), "--total", "3M", "--files", "1"),
+        *("--cache", "warm", "--json", "--plot", str(png)),
+    )
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["files"] == 1 and r["total_bytes"] == 3 << 20
+    assert r["baselines"]["cp"]["command"] == "cp"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert r["samples"][-1][1] == 3 << 20
+
+
+def test_keep_and_table_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src, dst = dirs(tmp_path)
+    code, out, err = run_cli(
+        capsys,
+        *("--source", str(src), "--destination", str(dst), "--files", "3", "--file-size", "1K"),
+        *("--cache", "warm", "--no-baselines", "--keep"),
+    )
+    assert code == 0, err
+    assert "files/s" in out and "latency" in out
+    (kept,) = src.iterdir()
+    assert len(list((kept / "data").rglob("f*"))) == 3
+
+
+def test_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "--source", "rel", "--destination", str(tmp_path))
+    assert code == 1 and "rel: give an absolute path" in err
+    code, _, err = run_cli(
+        capsys, "--source", str(tmp_path / "nope"), "--destination", str(tmp_path)
+    )
+    assert code == 1 and "nope: no such directory" in err
+    code, _, err = run_cli(
+        capsys,
+        *("--source", str(tmp_path), "--destination", str(tmp_path)),
+        *("--files", "2", "--file-size", "1K", "--total", "5K"),
+    )
+    assert code == 1 and "--total" in err
+
+
+def test_plan_sizes() -> None:
+    assert bench.plan_sizes(None, None, None) == bench.Plan(1000, 1 << 20)
+    assert bench.plan_sizes(10, None, "1M") == bench.Plan(10, (1 << 20) // 10)
+    assert bench.plan_sizes(None, "4K", "40K") == bench.Plan(10, 4096)
+    assert bench.plan_sizes(None, None, "4G") == bench.Plan(1000, (4 << 30) // 1000)
+    assert bench.plan_sizes(1, None, "4G") == bench.Plan(1, 4 << 30)
+
+
+def test_percentiles() -> None:
+    p = bench.percentiles([i / 1000 for i in range(1, 101)])  # 1..100 ms
+    assert p is not None
+    assert (p["p50"], p["p90"], p["p99"], p["max"]) == pytest.approx((50, 90, 99, 100))
+    assert bench.percentiles([]) is None
+
+
+def _user() -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam("bbuser1")
+    except KeyError:
+        return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or _user() is None, reason="needs root and bbuser1")
+def test_as_user_writes_as_that_user(capsys: pytest.CaptureFixture[str]) -> None:
+    user = _user()
+    assert user is not None
+    root = Path(tempfile.mkdtemp(prefix="bbstage-bench-test-", dir="/var/tmp"))
+    try:
+        root.chmod(0o755)
+        src, dst = dirs(root)
+        for d in (src, dst):
+            os.chown(d, user.pw_uid, user.pw_gid)
+        code, out, err = run_cli(
+            capsys,
+            *("--source", str(src), "--destination", str(dst), "--files", "5"),
+            *("--file-size", "1K", "--as-user", "bbuser1", "--keep", "--json"),
+        )
+        assert code == 0, err
+        assert json.loads(out)["cache"] == "warm"  # a user cannot drop caches
+        kept = next(src.iterdir())
+        assert kept.stat().st_uid == user.pw_uid
+        code, _, err = run_cli(
+            capsys, "--source", "/root", "--destination", str(dst), "--as-user", "bbuser1"
+        )
+        assert code == 1 and "/root" in err
+    finally:
+        shutil.rmtree(root)
