@@ -18,6 +18,7 @@ from bbstage import directives, metrics, scratch
 from bbstage.config import Config
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
+from bbstage.movers.implementations import s3 as s3mover
 from bbstage.protocol import Reply, Request
 from bbstage.state import CANCELLED, DONE, FAILED, PENDING, RUNNING, DirectiveRow, JobRow, Store
 
@@ -289,7 +290,7 @@ class Engine:
             "overwrite": options.get("overwrite", "always"),
             "threads": self.config.threads_per_transfer,
             "chunk_size": self.config.chunk_size,
-            "extra": {"s3": self.config.s3, "profile": options.get("profile")},
+            "extra": s3mover.spec_extra(self.config.s3, job.uid or 0, options.get("profile")),
             "scratch_limit": _scratch_limit(job, spec),
         }
 

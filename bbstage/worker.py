@@ -166,6 +166,8 @@ def _copy_all(
     threads: int,
 ) -> None:
     """Directories first (in order), then files and links concurrently."""
+    if getattr(mover, "copy_many", None) is not None:
+        return _copy_batched(mover, tasks, reporter, cancel)
     for task in tasks:
         if task.kind == "dir":
             mover.copy(task, reporter, cancel)
@@ -189,6 +191,30 @@ def _copy_all(
             for f in pending:
                 f.cancel()
             raise failed.exception()  # type: ignore[misc]
+
+
+def _copy_batched(
+    mover: Mover, tasks: list[FileTask], reporter: _Reporter, cancel: threading.Event
+) -> None:
+    """Hand the whole plan to the mover's ``copy_many``; retry its transient failures."""
+
+    def done(task: FileTask) -> None:
+        if task.kind == "file":
+            reporter.file_done()
+
+    delay = 0.2
+    for attempt in range(RETRIES + 1):
+        failed = mover.copy_many(tasks, reporter, cancel, done)  # type: ignore[attr-defined]
+        if not failed:
+            return
+        errors = list(failed.values())
+        permanent = [e for e in errors if e.permanent]
+        if permanent or attempt == RETRIES or cancel.is_set():
+            raise (permanent or errors)[0]
+        if cancel.wait(delay):
+            raise movers.Cancelled()
+        delay = min(delay * 2, BACKOFF_CAP)
+        tasks = list(failed)
 
 
 def _with_retries(action: Any, cancel: threading.Event) -> Any:

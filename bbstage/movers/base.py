@@ -101,3 +101,13 @@ class Mover(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
+
+    # Optional batch copy: a mover may define
+    #
+    #   copy_many(tasks, progress, cancel, done) -> dict[FileTask, TransferError]
+    #
+    # which copies a whole plan (directories first) with its own concurrency (e.g. many S3
+    # requests in flight on one event loop), calls ``done(task)`` after each file or link is
+    # in place, and returns the entries that failed. It stops early at a permanent error.
+    # Bytes reported through ``progress`` for a failed entry are taken back (negative add).
+    # The worker prefers it over ``copy`` when present and retries the transient failures.
