@@ -10,8 +10,8 @@ Measures what a Slurm burst_buffer/lua hook pays to ask the daemon one question:
   (c) baseline: io.popen of a Python pyzmq REQ client (python3 -c ...) from one lua5.1
       process, i.e. what a hook without zmtp.lua would do.
 
-Writes benchmarks/results/hook_roundtrip.json and (re)writes the section
-"Hook round trip (Lua → daemon → Lua)" of docs/performance.md.
+Writes benchmarks/results/hook_roundtrip.json and regenerates
+docs/performance.md from the results (benchmarks/report.py).
 
 Usage: python3 benchmarks/bench_hook_roundtrip.py [--n-lua 2000] [--n-fresh 100] [--n-popen 50]
 """
@@ -38,8 +38,7 @@ LUA_DIR = REPO / "lua"
 LOOP_LUA = REPO / "tests" / "lua" / "zmtp_loop.lua"
 REQUEST_LUA = REPO / "tests" / "lua" / "zmtp_request.lua"
 RESULTS = REPO / "benchmarks" / "results" / "hook_roundtrip.json"
-PERF_DOC = REPO / "docs" / "performance.md"
-SECTION = "## Hook round trip (Lua → daemon → Lua)"
+REPORT = REPO / "benchmarks" / "report.py"
 
 REQUEST = '{"v":1,"op":"test_data_in","job_id":"4242","uid":"1000","gid":"1000"}'
 
@@ -153,59 +152,12 @@ def environment() -> dict[str, str]:
     }
 
 
-def write_doc(result: dict) -> None:
-    r, env = result["results"], result["environment"]
-    rows = [
-        ("(a) zmtp.lua, in one lua5.1 process", r["zmtp_in_process"]),
-        ("(b) zmtp.lua, fresh lua5.1 process per request", r["zmtp_fresh_process"]),
-        ("(c) baseline: io.popen(python3 pyzmq REQ client)", r["popen_python"]),
-    ]
-    lines = [
-        SECTION,
-        "",
-        "`benchmarks/bench_hook_roundtrip.py`: one request (a small JSON frame) to a pyzmq ROUTER",
-        "echo server on `ipc://`, one reply (`ok`, message). Every request opens its own",
-        "connection and does the full ZMTP greeting + NULL handshake, as a hook does.",
-        "(b) is timed from Python around `subprocess.run` (fork/exec included). One run;",
-        "sub-millisecond numbers on a shared machine vary ~2× between runs: compare orders of",
-        "magnitude. A hook runs inside an existing Lua state, so (a) vs (c) is the hook's gain.",
-        "",
-        "| variant | n | median (ms) | mean (ms) | p95 (ms) |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    for name, s in rows:
-        lines.append(
-            f"| {name} | {s['n']} | {s['median_ms']:.3f} | {s['mean_ms']:.3f} | {s['p95_ms']:.3f} |"
-        )
-    lines += [
-        "",
-        f"Baseline / zmtp.lua (medians, (c)/(a)): **{result['ratio_baseline_over_ours']:.0f}×**; "
-        f"(c)/(b): {result['ratio_baseline_over_fresh_process']:.1f}×.",
-        "",
-        f"Measured {env['date']} on {env['cpu']} ({env['cpus']} CPUs), Linux {env['kernel']}, "
-        f"{env['lua']}, Python {env['python']}, pyzmq {env['pyzmq']} / libzmq {env['libzmq']}.",
-        "",
-    ]
-    section = "\n".join(lines)
-
-    text = PERF_DOC.read_text() if PERF_DOC.exists() else "# Performance\n"
-    start = text.find(SECTION)
-    if start >= 0:  # re-run: replace our own section only, keep everybody else's
-        nxt = text.find("\n## ", start + len(SECTION))
-        end = len(text) if nxt < 0 else nxt + 1
-        text = text[:start] + section + ("\n" + text[end:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    PERF_DOC.parent.mkdir(parents=True, exist_ok=True)
-    PERF_DOC.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n-lua", type=int, default=2000)
     ap.add_argument("--n-fresh", type=int, default=100)
     ap.add_argument("--n-popen", type=int, default=50)
-    ap.add_argument("--no-doc", action="store_true", help="do not touch docs/performance.md")
+    ap.add_argument("--no-doc", action="store_true", help="do not regenerate docs/performance.md")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bbstage-bench-") as tmpdir:
@@ -258,8 +210,7 @@ def main() -> None:
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULTS.relative_to(REPO)}")
     if not args.no_doc:
-        write_doc(result)
-        print(f"updated {PERF_DOC.relative_to(REPO)}")
+        subprocess.run([sys.executable, str(REPORT)], check=True)  # docs/performance.md
 
 
 if __name__ == "__main__":
