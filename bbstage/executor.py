@@ -26,7 +26,9 @@ KILL_AFTER = 1.5  # seconds between SIGTERM and SIGKILL on cancel
 class TransferExecutor:
     def __init__(self, max_workers: int) -> None:
         self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["bbstage.worker", "bbstage.movers.implementations.posix"])
+        self._ctx.set_forkserver_preload(
+            ["__main__", "bbstage.worker", "bbstage.movers.implementations.posix"]
+        )
         self._slots = threading.Semaphore(max_workers)
         self._lock = threading.Lock()
         self._running: dict[str, Any] = {}  # key -> Process

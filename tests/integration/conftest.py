@@ -97,7 +97,8 @@ class Cluster:
         )
 
     def status(self, job_id: str, user: str = USER) -> dict:
-        return json.loads(self.run("bbstage", "status", "--json", job_id, user=user))
+        # Exit code 1 means "staging failed": the JSON is still there.
+        return json.loads(self.run("bbstage", "status", "--json", job_id, user=user, check=False))
 
     def bbstage(self, *args: str, user: str | None = USER) -> subprocess.CompletedProcess[str]:
         argv = ["runuser", "-u", user, "--"] if user else []
