@@ -38,7 +38,9 @@ async def slurm_states(job_ids: list[str], slurm_conf: str | None) -> dict[str, 
     if slurm_conf:
         env["SLURM_CONF"] = slurm_conf
     proc = await asyncio.create_subprocess_exec(
-        squeue, "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i %T",
+        # %A: the job's own id, also for an array task (%i would print "<array id>_<index>",
+        # which never matches the id the hooks gave us: every task looked gone).
+        squeue, "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%A %T",
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await proc.communicate()
