@@ -442,14 +442,11 @@ def _make_filesystem(mover: _S3Mover) -> Any:
 
     settings = mover.settings
     session = AioSession(profile=mover.profile) if mover.profile else AioSession()
-    # Never the host's credentials: no EC2 instance role, no ECS/container role.
-    resolver = session.get_component("credential_provider")
-    for name in ("iam-role", "container-role"):
-        try:
-            resolver.remove(name)
-        except Exception:
-            pass
     try:
+        # Never the host's credentials: no EC2 instance role, no ECS/container role.
+        resolver = session.get_component("credential_provider")
+        for name in ("iam-role", "container-role"):
+            resolver.remove(name)
         scoped = session.get_scoped_config()
     except bx.ProfileNotFound as exc:
         raise translate(exc, mover.url, mover.who, settings.endpoint_url) from None
@@ -714,8 +711,7 @@ class S3Download(_S3Mover):
                     if whole and pos == 0 and resp["ContentLength"] != count:
                         raise TransferError(
                             f"{url} changed while staging: it has {resp['ContentLength']} bytes,"
-                            f" {count} when planned",
-                            permanent=False,
+                            f" {count} when planned (requeue the job to stage the new one)"
                         )
                     while True:
                         chunk = await body.read(_READ)

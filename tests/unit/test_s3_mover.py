@@ -1,0 +1,395 @@
+"""The S3 movers against moto's server on 127.0.0.1: files, trees, globs, multipart, resume,
+errors, cancel, credentials (moto accepts any key: real auth is tested against RGW in
+tests/integration/test_s3.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto.server import ThreadedMotoServer
+
+from bbstage import worker
+from bbstage.movers import FileTask, MoverOptions, TransferError
+from bbstage.movers.implementations import s3 as s3m
+
+CREDS = {"key": "testing", "secret": "testing"}
+
+
+class Conn:
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def send(self, event: tuple[Any, ...]) -> None:
+        self.events.append(event)
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def client(endpoint: str) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+@pytest.fixture
+def bucket(client: Any) -> str:
+    name = f"bkt-{uuid.uuid4().hex[:10]}"
+    client.create_bucket(Bucket=name)
+    return name
+
+
+def extra(endpoint: str, **s3: Any) -> dict[str, Any]:
+    return {"s3": {"endpoint_url": endpoint, **s3}, "credentials": CREDS}
+
+
+def run(
+    src: str, dst: str, endpoint: str, *, glob: bool = False, ex: dict | None = None, **s3: Any
+) -> Conn:
+    spec = {
+        "job_id": "7",
+        "source": src,
+        "destination": dst,
+        "source_kind": "s3" if src.startswith("s3://") else "posix",
+        "destination_kind": "s3" if dst.startswith("s3://") else "posix",
+        "tree": src.endswith("/"),
+        "glob": glob,
+        "extra": ex if ex is not None else extra(endpoint, **s3),
+    }
+    conn = Conn()
+    worker.run(spec, worker._Reporter(conn), threading.Event())  # type: ignore[arg-type]
+    return conn
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def plan_event(conn: Conn) -> tuple[Any, ...]:
+    return next(e for e in conn.events if e[0] == "plan")
+
+
+def test_file_up_and_down(tmp_path: Path, endpoint: str, client: Any, bucket: str) -> None:
+    src = tmp_path / "in.dat"
+    src.write_bytes(os.urandom(100_000))
+    run(str(src), f"s3://{bucket}/run/in.dat", endpoint)
+    assert client.head_object(Bucket=bucket, Key="run/in.dat")["ContentLength"] == 100_000
+    dst = tmp_path / "out" / "copy.dat"
+    conn = run(f"s3://{bucket}/run/in.dat", str(dst), endpoint)
+    assert plan_event(conn) == ("plan", 100_000, 1)
+    assert dst.read_bytes() == src.read_bytes()
+    assert oct(dst.stat().st_mode & 0o777) == oct(0o644)
+    modified = client.head_object(Bucket=bucket, Key="run/in.dat")["LastModified"]
+    assert abs(dst.stat().st_mtime - modified.timestamp()) < 1
+    assert [p.name for p in dst.parent.iterdir()] == ["copy.dat"]  # no temporary left
+    # Staged again: nothing to do, in either direction.
+    assert plan_event(run(f"s3://{bucket}/run/in.dat", str(dst), endpoint)) == ("plan", 0, 0)
+    assert plan_event(run(str(src), f"s3://{bucket}/run/in.dat", endpoint)) == ("plan", 0, 0)
+
+
+def test_tree_of_many_small_objects(tmp_path: Path, endpoint: str, bucket: str) -> None:
+    src = tmp_path / "src"
+    for i in range(120):
+        sub = src / f"d{i % 3}" / ("deep" if i % 2 else "")
+        sub.mkdir(parents=True, exist_ok=True)
+        (sub / f"f{i}.txt").write_bytes(os.urandom(i))
+    conn = run(f"{src}/", f"s3://{bucket}/tree/", endpoint, files_in_flight=8)
+    assert plan_event(conn)[2] == 120
+    dst = tmp_path / "dst"
+    conn = run(f"s3://{bucket}/tree/", f"{dst}/", endpoint)
+    assert plan_event(conn) == ("plan", sum(range(120)), 120)
+    got = sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file())
+    want = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
+    assert got == want
+    assert all(digest(dst / r) == digest(src / r) for r in want[:50])
+    assert oct((dst / "d1" / "deep").stat().st_mode & 0o777) == oct(0o755)
+    # Re-running skips everything (one LIST for the upload side, not a HEAD per object).
+    assert plan_event(run(f"{src}/", f"s3://{bucket}/tree/", endpoint))[1:] == (0, 0)
+    assert plan_event(run(f"s3://{bucket}/tree/", f"{dst}/", endpoint))[1:] == (0, 0)
+
+
+@pytest.mark.parametrize("download_concurrency", [1, 4])
+def test_big_object_multipart(
+    tmp_path: Path, endpoint: str, client: Any, bucket: str, download_concurrency: int
+) -> None:
+    src = tmp_path / "big"
+    src.write_bytes(os.urandom(40 << 20))
+    small = {"part_size": "5M", "multipart_threshold": "8M", "max_concurrency": 4}
+    run(str(src), f"s3://{bucket}/big", endpoint, **small)
+    etag = client.head_object(Bucket=bucket, Key="big")["ETag"]
+    assert etag.strip('"').endswith("-8")  # 8 parts of 5 MiB
+    dst = tmp_path / "copy"
+    run(
+        f"s3://{bucket}/big", str(dst), endpoint, download_concurrency=download_concurrency, **small
+    )
+    assert digest(dst) == digest(src)
+
+
+def test_glob_and_whole_bucket(tmp_path: Path, endpoint: str, client: Any, bucket: str) -> None:
+    for key in ["logs/a.gz", "logs/b.gz", "logs/c.txt", "logs/sub/d.gz", "top.gz"]:
+        client.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    out = tmp_path / "g"
+    run(f"s3://{bucket}/logs/*.gz", str(out), endpoint, glob=True)
+    assert sorted(p.name for p in out.iterdir()) == ["a.gz", "b.gz"]
+    whole = tmp_path / "w"
+    run(f"s3://{bucket}/", f"{whole}/", endpoint)
+    assert (whole / "logs" / "sub" / "d.gz").read_bytes() == b"logs/sub/d.gz"
+    assert (whole / "top.gz").exists()
+
+
+def test_missing_key_bucket_and_prefix(tmp_path: Path, endpoint: str, bucket: str) -> None:
+    with pytest.raises(TransferError, match=rf"no such object: s3://{bucket}/nope") as e:
+        run(f"s3://{bucket}/nope", str(tmp_path / "x"), endpoint)
+    assert e.value.permanent
+    with pytest.raises(TransferError, match="no such bucket: s3://no-such-bkt-x1/") as e:
+        run("s3://no-such-bkt-x1/k", str(tmp_path / "x"), endpoint)
+    assert e.value.permanent
+    with pytest.raises(TransferError, match="no such object: nothing under"):
+        run(f"s3://{bucket}/empty/", f"{tmp_path}/x/", endpoint)
+    (tmp_path / "f").write_text("x")
+    run(str(tmp_path / "f"), f"s3://{bucket}/dir/f", endpoint)
+    with pytest.raises(TransferError, match="is a prefix"):
+        run(f"s3://{bucket}/dir", str(tmp_path / "x"), endpoint)
+    with pytest.raises(TransferError, match="no such bucket"):
+        run(str(tmp_path / "f"), "s3://no-such-bkt-x1/f", endpoint)
+
+
+def test_profiles_from_the_users_own_aws_files(
+    tmp_path: Path, endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    aws = tmp_path / ".aws"
+    aws.mkdir()
+    (tmp_path / "f").write_text("data")
+    s3 = {"endpoint_url": endpoint, "connect_timeout": 1}
+    # No credentials at all (and never the host's instance role).
+    with pytest.raises(TransferError, match="no S3 credentials for user .*~/.aws/credentials"):
+        run(str(tmp_path / "f"), f"s3://{bucket}/f", endpoint, ex={"s3": s3})
+    (aws / "credentials").write_text("[lab]\naws_access_key_id = a\naws_secret_access_key = b\n")
+    run(str(tmp_path / "f"), f"s3://{bucket}/f", endpoint, ex={"s3": s3, "profile": "lab"})
+    with pytest.raises(TransferError, match="no S3 profile 'other' in ~/.aws/credentials") as e:
+        run(str(tmp_path / "f"), f"s3://{bucket}/f", endpoint, ex={"s3": s3, "profile": "other"})
+    assert e.value.permanent
+    # A profile's endpoint_url in ~/.aws/config wins over the site's [s3] endpoint_url.
+    (aws / "config").write_text(f"[profile lab]\nendpoint_url = {endpoint}\n")
+    bad = {"endpoint_url": "http://127.0.0.1:9", "connect_timeout": 1}
+    run(f"s3://{bucket}/f", str(tmp_path / "g"), endpoint, ex={"s3": bad, "profile": "lab"})
+    assert (tmp_path / "g").read_text() == "data"
+
+
+def test_endpoint_unreachable_is_transient_and_named(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    url = f"http://127.0.0.1:{port}"
+    mover = s3m.S3Download(MoverOptions(extra=extra(url, retries=1, connect_timeout=1)))
+    with pytest.raises(TransferError, match=f"S3 endpoint not reachable: {url}") as e:
+        mover.plan("s3://bkt-x/k", str(tmp_path / "k"), tree=False, glob=False)
+    assert not e.value.permanent
+    mover.close()
+
+
+def test_cancel_aborts_the_multipart_upload(
+    tmp_path: Path, endpoint: str, client: Any, bucket: str
+) -> None:
+    src = tmp_path / "big"
+    src.write_bytes(os.urandom(30 << 20))
+    opts = MoverOptions(
+        extra=extra(endpoint, part_size="5M", multipart_threshold="8M", max_concurrency=1)
+    )
+    mover = s3m.S3Upload(opts)
+    tasks = mover.plan(str(src), f"s3://{bucket}/big", tree=False, glob=False)
+    cancel = threading.Event()
+
+    class Stop:
+        def add(self, n: int) -> None:
+            cancel.set()  # after the first part
+
+        def temp(self, path: str) -> None:
+            pass
+
+    with pytest.raises(TransferError, match="cancelled"):
+        mover.copy_many(tasks, Stop(), cancel, lambda t: None)
+    mover.close()
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    with pytest.raises(ClientError):
+        client.head_object(Bucket=bucket, Key="big")
+
+
+def test_failed_download_leaves_no_file_and_takes_back_progress(
+    tmp_path: Path, endpoint: str, client: Any, bucket: str
+) -> None:
+    client.put_object(Bucket=bucket, Key="k", Body=b"x" * 1000)
+    mover = s3m.S3Download(MoverOptions(extra=extra(endpoint)))
+    [task] = mover.plan(f"s3://{bucket}/k", str(tmp_path / "k"), tree=False, glob=False)
+    client.put_object(Bucket=bucket, Key="k", Body=b"y" * 10)  # changed after planning
+    added: list[int] = []
+
+    class P:
+        def add(self, n: int) -> None:
+            added.append(n)
+
+        def temp(self, path: str) -> None:
+            pass
+
+    failed = mover.copy_many([task], P(), threading.Event(), lambda t: None)
+    mover.close()
+    assert "changed while staging" in str(failed[task]) and failed[task].permanent
+    assert sum(added) == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_unsafe_keys_are_refused() -> None:
+    for rel in ["../x", "a/../../x", "/abs", "a//b", "./a"]:
+        with pytest.raises(TransferError, match="not a safe relative path"):
+            s3m._safe_rel(rel, "s3://b/p/" + rel)
+    assert s3m._safe_rel("a/b.c", "s3://b/p/a/b.c") == "a/b.c"
+
+
+def client_error(code: str, status: int) -> ClientError:
+    return ClientError(
+        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        "GetObject",
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "text", "permanent"),
+    [
+        ("NoSuchKey", 404, "no such object: s3://b/k", True),
+        ("404", 404, "no such object: s3://b/k", True),
+        ("NoSuchBucket", 404, "no such bucket: s3://b/", True),
+        ("AccessDenied", 403, "access denied: s3://b/k (using profile 'lab'", True),
+        ("InvalidAccessKeyId", 403, "bad S3 credentials for profile 'lab'", True),
+        ("SignatureDoesNotMatch", 403, "bad S3 credentials for profile 'lab'", True),
+        ("SlowDown", 503, "S3 error SlowDown", False),
+        ("InternalError", 500, "S3 error InternalError", False),
+        ("ServiceUnavailable", 503, "S3 error", False),
+        ("InvalidRange", 416, "S3 error InvalidRange", True),
+    ],
+)
+def test_error_mapping(code: str, status: int, text: str, permanent: bool) -> None:
+    err = s3m.translate(client_error(code, status), "s3://b/k", "profile 'lab'", None)
+    assert text in str(err) and err.permanent is permanent
+
+
+def test_transport_errors_are_transient() -> None:
+    import aiohttp
+    from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+
+    e = s3m.translate(EndpointConnectionError(endpoint_url="http://h:1"), "s3://b/k", "x", "E")
+    assert str(e).startswith("S3 endpoint not reachable: E") and not e.permanent
+    for exc in [
+        ReadTimeoutError(endpoint_url="u"),
+        aiohttp.ServerDisconnectedError(),
+        ConnectionResetError(),
+    ]:
+        assert not s3m.translate(exc, "s3://b/k", "x", "E").permanent
+
+
+def test_settings_and_mapped_accounts(tmp_path: Path) -> None:
+    s = s3m.S3Settings.from_config({"part_size": "32M", "files_in_flight": 4, "file_mode": "640"})
+    assert (s.part_size, s.files_in_flight, s.file_mode) == (32 << 20, 4, 0o640)
+    with pytest.raises(TransferError, match=r"unknown key 'partsize'"):
+        s3m.S3Settings.from_config({"partsize": "32M"})
+    with pytest.raises(TransferError, match="at least 5M"):
+        s3m.S3Settings.from_config({"part_size": "1M"})
+    creds = tmp_path / "creds"
+    creds.write_text("[u2]\naws_access_key_id = K2\naws_secret_access_key = S2\n")
+    conf = {
+        "endpoint_url": "http://e",
+        "accounts": {
+            "root": {"access_key": "K", "secret_key": "S"},
+            "daemon": {"profile": "u2", "credentials_file": str(creds)},
+            "bin": {"profile": "missing", "credentials_file": str(creds)},
+        },
+    }
+    extra0 = s3m.spec_extra(conf, 0, None)
+    assert extra0 == {
+        "s3": {"endpoint_url": "http://e"},
+        "profile": None,
+        "credentials": {"key": "K", "secret": "S"},
+    }
+    assert s3m.spec_extra(conf, 0, "mine") == {
+        "s3": {"endpoint_url": "http://e"},
+        "profile": "mine",
+    }
+    assert s3m.spec_extra(conf, 1, None)["credentials"] == {"key": "K2", "secret": "S2"}
+    broken = s3m.spec_extra(conf, 2, None)
+    assert "cannot read profile 'missing'" in broken["credentials_error"]
+    with pytest.raises(TransferError, match="ask the administrator"):
+        s3m.S3Download(MoverOptions(extra=broken))
+
+
+def test_upload_follows_file_links_and_skips_dir_links(
+    tmp_path: Path, endpoint: str, client: Any, bucket: str
+) -> None:
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "real").write_text("real")
+    (src / "link").symlink_to("real")
+    (src / "dlink").symlink_to("d")
+    run(f"{src}/", f"s3://{bucket}/l/", endpoint)
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"])
+    assert keys == ["l/link", "l/real"]
+    assert client.get_object(Bucket=bucket, Key="l/link")["Body"].read() == b"real"
+
+
+def test_plan_tasks_are_file_tasks(tmp_path: Path, endpoint: str, bucket: str) -> None:
+    (tmp_path / "f").write_text("x")
+    mover = s3m.S3Upload(MoverOptions(extra=extra(endpoint)))
+    tasks = mover.plan(str(tmp_path / "f"), f"s3://{bucket}/f", tree=False, glob=False)
+    assert [(t.dst, t.kind, t.size) for t in tasks] == [(f"s3://{bucket}/f", "file", 1)]
+    assert isinstance(tasks[0], FileTask)
+    assert mover.current(tasks[0]) is None
+    mover.close()
+
+
+def test_worker_retries_transient_batch_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+
+    class Batch(s3m.S3Download):
+        def __init__(self, options: MoverOptions) -> None:
+            super().__init__(options)
+
+        def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
+            return [FileTask("s3://b/a", "/x/a", size=1), FileTask("s3://b/b", "/x/b", size=1)]
+
+        def current(self, task: FileTask) -> None:
+            return None
+
+        def copy_many(self, tasks, progress, cancel, done):  # type: ignore[no-untyped-def]
+            calls.append([t.src for t in tasks])
+            if len(calls) == 1:
+                done(tasks[0])
+                return {tasks[1]: TransferError("S3 error SlowDown", permanent=False)}
+            for t in tasks:
+                done(t)
+            return {}
+
+    monkeypatch.setattr(worker.movers, "get", lambda *_: Batch)
+    conn = run("s3://b/", "/x/", "http://unused")
+    assert calls == [["s3://b/a", "s3://b/b"], ["s3://b/b"]]
+    assert ("plan", 2, 2) in conn.events
