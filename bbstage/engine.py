@@ -47,7 +47,8 @@ class Engine:
 
     async def handle(self, request: Request) -> Reply:
         bound = log.bind(hook=request.op, job_id=request.get("job_id"))
-        bound.info("request")
+        # Which hooks carry the owner (all on 24.05+, setup only on 22.05) shows in the log.
+        bound.info("request", uid=request.get("uid"))
         try:
             reply = await self._ops[request.op](request)
         except (ValueError, IdentityError) as exc:
@@ -121,6 +122,8 @@ class Engine:
 
     async def pre_run(self, req: Request) -> Reply:
         job = self._job(req)
+        if req.get("nodes"):  # 24.05+: job_info.nodes, known from pre_run on
+            log.info("job starts", job_id=job.job_id, nodes=req.get("nodes"))
         if job.state not in FINISHED:
             self.store.set_job(job.job_id, state="running")
         return Reply.ok()

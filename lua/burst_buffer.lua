@@ -37,13 +37,22 @@ end
 -- An asynchronous hook: send one request to the daemon (see lua/bbstage/hooks.lua).
 -- A Lua error becomes a readable reason (Slurm would show "(null)").
 local function forward(op, timeout, job_id, job_script, uid, gid, job_info, extra)
-	local ok, rc, message = pcall(function()
+	local ok, rc, message, kind = pcall(function()
 		local script = job_script and read_script(job_script)
 		return module("hooks").forward(module("zmtp"), site.socket, op, timeout, job_id,
 			script, uid, gid, job_info, extra)
 	end)
-	if ok then return rc, message end
+	if ok then return rc, message, kind end
 	return slurm.ERROR, "bbstage " .. op .. " hook failed: " .. tostring(rc)
+end
+
+-- test_data_in/out (24.05+): Slurm calls them again every PollInterval while they answer
+-- BUSY, within StageIn/StageOutTimeout. A daemon that does not answer (restarting) counts
+-- as "not done yet"; held for it, the job would stay in staging-in after `scontrol release`.
+local function poll(op, job_id, uid, gid, job_info)
+	local rc, message, kind = forward(op, 60, job_id, nil, uid, gid, job_info)
+	if kind == "unreachable" or kind == "timeout" then return slurm.SUCCESS, "BUSY" end
+	return rc, message
 end
 
 --[[ Synchronous hooks: parse only. ]]
@@ -100,7 +109,7 @@ function slurm_bb_data_in(job_id, job_script, uid, gid, job_info)
 end
 
 function slurm_bb_test_data_in(job_id, job_script, uid, gid, job_info)
-	return forward("test_data_in", 60, job_id, nil, uid, gid, job_info)
+	return poll("test_data_in", job_id, uid, gid, job_info)
 end
 
 function slurm_bb_real_size(job_id, uid, gid, job_info)
@@ -122,7 +131,7 @@ function slurm_bb_data_out(job_id, job_script, uid, gid, job_info)
 end
 
 function slurm_bb_test_data_out(job_id, job_script, uid, gid, job_info)
-	return forward("test_data_out", 60, job_id, nil, uid, gid, job_info)
+	return poll("test_data_out", job_id, uid, gid, job_info)
 end
 
 -- After the job, or on cancel (hurry "true": abort transfers now). Removes scratch.

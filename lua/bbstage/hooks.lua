@@ -29,12 +29,13 @@ local function json(value)
 end
 
 -- Send one request with the zmtp module; map the reply to Slurm's (rc, message).
+-- When the daemon gave no answer, a third value is zmtp's failure kind.
 function M.call(zmtp, socket_path, op, fields, timeout)
 	fields.v, fields.op = 1, op
 	local reply, kind, err = zmtp.request(socket_path, { json(fields) }, { timeout = timeout })
 	if not reply then
 		slurm.log_error("bbstage: %s job %s: %s (%s)", op, tostring(fields.job_id), err, kind)
-		return slurm.ERROR, err
+		return slurm.ERROR, err, kind
 	end
 	local status, message = reply[1], reply[2] or ""
 	if status == "ok" then return slurm.SUCCESS, message end

@@ -24,6 +24,7 @@ USER, OTHER = "bbuser1", "bbuser2"
 class Cluster:
     env: dict[str, str]
     dir: Path
+    slurm: str = "22.05"
 
     def run(self, *cmd: str, user: str | None = None, check: bool = True) -> str:
         argv = ["runuser", "-u", user, "--", *cmd] if user else list(cmd)
@@ -111,29 +112,36 @@ class Cluster:
 
     def up(self) -> None:
         subprocess.run(
-            [str(REPO / "scripts" / "local-cluster"), "up"],
+            [str(REPO / "scripts" / "local-cluster"), "up", "--slurm", self.slurm],
             check=True,
             stdout=subprocess.DEVNULL,
             timeout=600,
         )
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Cluster:
+# Both Slurm generations (docs/slurm-versions.md): 22.05 on the host, 24.11 chrooted into a
+# Debian 13 root. Its PATH puts the root's clients (wrappers) first, so the helpers above
+# run the right sbatch/squeue/scontrol/scancel for either.
+SLURM_VERSIONS = ("22.05", "24.11")
+
+
+@pytest.fixture(scope="session", params=SLURM_VERSIONS)
+def cluster(request: pytest.FixtureRequest) -> Cluster:
+    version = request.param
     proc = subprocess.run(
-        [str(REPO / "scripts" / "local-cluster"), "up"],
+        [str(REPO / "scripts" / "local-cluster"), "up", "--slurm", version],
         stdout=subprocess.PIPE,
         text=True,
         timeout=1200,
     )
-    assert proc.returncode == 0, "scripts/local-cluster up failed (see its output above)"
+    assert proc.returncode == 0, f"local-cluster up --slurm {version} failed (see its output)"
     env = dict(os.environ)
     for line in proc.stdout.splitlines():
         m = re.match(r"export (\w+)=(.*)", line)
         if m:
             value = m.group(2).replace('"$PATH"', os.environ.get("PATH", ""))
             env[m.group(1)] = shlex.split(value)[0] if value else ""
-    return Cluster(env, Path(env["BBSTAGE_CLUSTER_DIR"]))
+    return Cluster(env, Path(env["BBSTAGE_CLUSTER_DIR"]), version)
 
 
 @pytest.fixture
