@@ -143,9 +143,10 @@ end
 -- `scontrol show bbstat [JOBID]`. 24.05+ passes the caller's uid and gid first.
 function slurm_bb_get_status(...)
 	local args, uid = { ... }, nil
-	-- Heuristic: two leading numbers are (uid, gid); 22.05 passes only the user's args.
-	if #args >= 2 and tostring(args[1]):match("^%d+$") and tostring(args[2]):match("^%d+$") then
-		uid = table.remove(args, 1)
+	-- Only 24.05+ defines slurm.SLURM_BB_BUSY. Guessing from the arguments would let a 22.05
+	-- user claim any uid (`scontrol show bbstat 1001 1001`) and see that user's paths.
+	if slurm.SLURM_BB_BUSY ~= nil and #args >= 2 then
+		uid = tostring(table.remove(args, 1))
 		table.remove(args, 1)
 	end
 	for i, v in ipairs(args) do args[i] = tostring(v) end

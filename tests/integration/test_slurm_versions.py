@@ -1,0 +1,119 @@
+"""[H] What differs between the Slurm generations, on the real clusters (docs/slurm-versions.md).
+
+22.05: data_in blocks until staged; only setup knows the job's owner; get_status does not
+know who asks. 24.05+ (run here on 24.11): data_in returns at once and slurmctld polls
+test_data_in every PollInterval; every hook carries uid/gid and most a job_info table;
+get_status gets the caller's uid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .conftest import OTHER, USER, Cluster, as_user
+
+pytestmark = pytest.mark.cluster
+
+
+def daemon_log(cluster: Cluster, job: str) -> list[dict]:
+    """The daemon's JSON log records about one job, in order."""
+    records = []
+    for line in (cluster.dir / "log" / "bbstage.log").read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and str(record.get("job_id")) == job:
+            records.append(record)
+    return records
+
+
+def test_hooks_carry_the_owner_and_24_11_submits_then_polls(
+    cluster: Cluster, workdir: Path
+) -> None:
+    src = workdir / "src"
+    src.mkdir()
+    for i in range(300):
+        (src / f"f{i:03}").write_bytes(os.urandom(64 << 10))
+    as_user(workdir)
+    job = cluster.submit(
+        workdir,
+        f"#!/bin/bash\n#BB_LUA stage_in source={src}/ destination={workdir}/in/\n"
+        f"#BB_LUA stage_out source={workdir}/in/ destination={workdir}/out/\n"
+        f"ls {workdir}/in | wc -l > count.txt\n",
+    )
+    cluster.wait_gone(job)
+    assert cluster.job(job)["JobState"] == "COMPLETED"
+    assert (workdir / "count.txt").read_text().strip() == "300"
+    assert len(os.listdir(workdir / "out")) == 300
+
+    records = daemon_log(cluster, job)
+    requests = [r for r in records if r.get("event") == "request"]
+    replies = [(r["hook"], r["status"]) for r in records if r.get("event") == "reply"]
+    uid = pwd.getpwnam(USER).pw_uid
+    owners = {r["hook"]: r.get("uid") for r in requests}
+    if cluster.slurm == "22.05":
+        # Only setup knows the owner; data_in answers when staged, nothing polls.
+        assert str(owners["setup"]) == str(uid)
+        assert all(owners[h] is None for h in ("data_in", "pre_run", "data_out", "teardown"))
+        assert not any(h.startswith("test_data") for h, _ in replies), replies
+        return
+    # 24.11: every hook carries the owner (a daemon that lost setup could still create the job).
+    assert set(owners) >= {"setup", "data_in", "test_data_in", "pre_run", "data_out", "teardown"}
+    assert all(str(owner) == str(uid) for owner in owners.values()), owners
+    # Submit and poll: data_in answered before the transfer was done, then test_data_in
+    # was polled (BUSY at least once) until ok; the same for stage-out.
+    events = [(r.get("hook"), r.get("event"), r.get("status")) for r in records]
+    first_done = events.index((None, "transfer done", None))
+    assert events.index(("data_in", "reply", "ok")) < first_done, events
+    for direction in ("in", "out"):
+        polls = [s for h, s in replies if h == f"test_data_{direction}"]
+        assert polls[-1] == "ok" and "busy" in polls, (direction, polls)
+    # job_info: nodes arrive with pre_run.
+    starts = [r for r in records if r.get("event") == "job starts"]
+    assert [r["nodes"] for r in starts] == ["localhost"]
+
+
+def test_bbstat_shows_paths_only_to_their_owner(cluster: Cluster, workdir: Path) -> None:
+    other_dir = workdir / "other"
+    other_dir.mkdir()
+    (workdir / "mine.txt").write_text("mine\n")
+    (other_dir / "theirs.txt").write_text("theirs\n")
+    as_user(workdir)
+    as_user(other_dir, OTHER)
+    workdir.chmod(0o755)
+    mine = cluster.submit(
+        workdir,
+        f"#!/bin/bash\n#BB_LUA stage_in source={workdir}/mine.txt destination={workdir}/m2\n",
+    )
+    theirs = cluster.submit(
+        other_dir,
+        f"#!/bin/bash\n#BB_LUA stage_in source={other_dir}/theirs.txt destination={other_dir}/t2\n",
+        user=OTHER,
+    )
+    cluster.wait_gone(mine)
+    cluster.wait_gone(theirs)
+    as_me = cluster.run("scontrol", "show", "bbstat", mine, theirs, user=USER)
+    as_other = cluster.run("scontrol", "show", "bbstat", mine, theirs, user=OTHER)
+    # Both see both jobs' states...
+    for out in (as_me, as_other):
+        assert f"{mine:>8} done" in out and f"{theirs:>8} done" in out, out
+    # ...but paths only where Slurm says who asks (24.05+), and then only their own.
+    if cluster.slurm == "22.05":
+        assert "mine.txt" not in as_me + as_other and "theirs.txt" not in as_me + as_other
+    else:
+        assert "mine.txt" in as_me and "theirs.txt" not in as_me, as_me
+        assert "theirs.txt" in as_other and "mine.txt" not in as_other, as_other
+    # Nobody gets another user's paths by passing that user's uid and gid as arguments.
+    them = pwd.getpwnam(OTHER)
+    spoof = cluster.run(
+        "scontrol", "show", "bbstat", str(them.pw_uid), str(them.pw_gid), theirs, user=USER
+    )
+    assert "theirs.txt" not in spoof, spoof
+    shutil.rmtree(other_dir, ignore_errors=True)
