@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 
 import structlog
 
@@ -27,13 +26,13 @@ def run(config: Config) -> int:
 async def _main(config: Config) -> int:
     config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     store = Store(config.state_dir / "state.db")
-    store.delete_finished(time.time() - config.retention_days * 86400)
     executor = TransferExecutor(config.transfers)
     engine = Engine(config, store, executor)
     server = Server(engine)
     await server.start()
     metrics.serve(engine, config.metrics_address)
     engine.resume()
+    await engine.purge_expired()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -141,13 +141,30 @@ class Engine:
         if hurry:
             await asyncio.gather(*(self._cancel(job.job_id, d.idx) for d in cancelled))
         pool = self.config.pool(job.pool)
-        if pool is not None:
-            await asyncio.to_thread(scratch.remove, pool, job.job_id)
-        if job.state not in FINISHED:
-            state = "cancelled" if hurry and job.state != "staged_out" else "done"
-            self.store.set_job(job.job_id, state=state)
+        if _outputs_at_risk(job):
+            # Never delete results that did not reach their destination.
+            days = self.config.retention_days
+            error = f"stage-out incomplete: outputs kept in {job.scratch} for {days:g} days"
+            self.store.set_job(job.job_id, state="failed", error=f"{job.error}; {error}")
+            log.warning("scratch kept", job_id=job.job_id, scratch=job.scratch)
+        else:
+            if pool is not None:
+                await asyncio.to_thread(scratch.remove, pool, job.job_id)
+            if job.state not in FINISHED:
+                state = "cancelled" if hurry and job.state != "staged_out" else "done"
+                self.store.set_job(job.job_id, state=state)
         log.info("teardown", job_id=job.job_id, hurry=hurry)
         return Reply.ok()
+
+    async def purge_expired(self) -> None:
+        """Forget jobs finished longer than ``retention_days`` ago, and any scratch they kept."""
+        cutoff = time.time() - self.config.retention_days * 86400
+        for job in self.store.jobs(FINISHED):
+            if job.updated < cutoff:
+                pool = self.config.pool(job.pool)
+                if pool is not None:
+                    await asyncio.to_thread(scratch.remove, pool, job.job_id)
+                self.store.delete_job(job.job_id)
 
     async def get_status(self, req: Request) -> Reply:
         from bbstage import report  # noqa: PLC0415 - keeps the hot path small
@@ -304,6 +321,16 @@ class Engine:
             j.size for j in self.store.jobs() if j.pool == pool_name and j.state not in FINISHED
         )
         return max(0, pool.capacity - used)
+
+
+def _outputs_at_risk(job: JobRow) -> bool:
+    """Did a stage-out from scratch start but not finish? Then scratch holds the only copy."""
+    return any(
+        d.verb == "stage_out"
+        and d.spec.get("source_kind") == "scratch"
+        and d.state in (RUNNING, FAILED, CANCELLED)
+        for d in job.directives
+    )
 
 
 def _scratch_limit(job: JobRow, spec: dict[str, Any]) -> dict[str, Any] | None:

@@ -84,5 +84,6 @@ async def forever(engine: Engine) -> None:
         await asyncio.sleep(interval)
         try:
             await once(engine)
+            await engine.purge_expired()
         except Exception:
             log.exception("reconcile failed")

@@ -180,14 +180,9 @@ class Store:
         found = [j for j in (self.job(i) for i in ids) if j is not None]
         return [j for j in found if states is None or j.state in states]
 
-    def delete_finished(self, older_than: float) -> int:
-        """Forget finished jobs last updated before ``older_than`` (retention)."""
+    def delete_job(self, job_id: str) -> None:
         with self._tx() as db:
-            cur = db.execute(
-                "DELETE FROM jobs WHERE state IN ('done', 'failed', 'cancelled') AND updated < ?",
-                (older_than,),
-            )
-            return cur.rowcount
+            db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
 
     # -- directives -------------------------------------------------------------------------
 

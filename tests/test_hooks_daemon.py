@@ -216,3 +216,22 @@ def test_status_is_private(daemon: Daemon, area: Path) -> None:
     assert "secret-name" not in other.stdout + other.stderr
     assert "no staging job of yours" in other.stderr
     assert daemon.cli("status", "109").returncode == 0  # root sees everything
+
+
+def test_failed_stage_out_keeps_scratch(daemon: Daemon, area: Path) -> None:
+    uid, gid = user_ids()
+    locked = area / "locked"
+    locked.mkdir(mode=0o755)  # root's: the user cannot write here
+    job = script(area / "job.sh", f"stage_out source=$BB_SCRATCH/out.dat destination={locked}/o")
+    assert daemon.hook("slurm_bb_setup", "110", str(uid), str(gid), "(null)", "0", job)[0] == 0
+    scratch = area / "daemon" / "scratch" / "110"
+    (scratch / "out.dat").write_text("results of a long run\n")
+    os.chown(scratch / "out.dat", uid, gid)
+    assert daemon.hook("slurm_bb_pre_run", "110", job)[0] == 0
+    rc, message = daemon.hook("slurm_bb_data_out", "110", job)
+    assert rc != 0 and f"permission denied: {locked}" in message
+    assert daemon.hook("slurm_bb_job_teardown", "110", job, "true")[0] == 0
+    assert (scratch / "out.dat").read_text() == "results of a long run\n"
+    status = json.loads(daemon.cli("status", "--json", "110").stdout)
+    assert status["state"] == "failed"
+    assert f"outputs kept in {scratch}" in status["error"]

@@ -66,7 +66,8 @@ class Cluster:
         out = self.run("scontrol", "show", "job", job_id, check=False)
         fields = dict(re.findall(r"(\w+)=(\S*)", out))
         # scontrol turns the reason's spaces into "_"; squeue shows it as the user sees it.
-        reason = self.run("squeue", "-h", "-j", job_id, "-o", "%r", check=False).strip()
+        reason = self.run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%r", check=False)
+        reason = reason.strip()
         if reason:
             fields["Reason"] = reason
         return fields
