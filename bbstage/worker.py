@@ -8,12 +8,13 @@ The parent (``bbstage.executor``) sends a spec; the worker plans the copy, copie
 
 from __future__ import annotations
 
+import itertools
 import os
 import pwd
 import signal
 import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -165,32 +166,54 @@ def _copy_all(
     cancel: threading.Event,
     threads: int,
 ) -> None:
-    """Directories first (in order), then files and links concurrently."""
+    """Directories first (in order), then files and links: ``threads`` threads take them one
+    at a time from a shared queue, interleaved across directories (concurrent creates in one
+    directory wait on its lock); the first failure cancels the rest and is raised."""
     if getattr(mover, "copy_many", None) is not None:
         return _copy_batched(mover, tasks, reporter, cancel)
     for task in tasks:
         if task.kind == "dir":
             mover.copy(task, reporter, cancel)
-    files = [t for t in tasks if t.kind != "dir"]
+    queue = deque(_interleave([t for t in tasks if t.kind != "dir"]))
+    failures: list[BaseException] = []
 
-    def one(task: FileTask) -> None:
-        started = time.perf_counter()
-        _with_retries(lambda: mover.copy(task, reporter, cancel), cancel)
-        if task.kind == "file":
-            reporter.file_done(time.perf_counter() - started)
+    def drain() -> None:
+        while not failures:
+            try:
+                task = queue.popleft()  # atomic: no lock, no future per file
+            except IndexError:
+                return
+            try:
+                started = time.perf_counter()
+                _with_retries(lambda t=task: mover.copy(t, reporter, cancel), cancel)
+                if task.kind == "file":
+                    reporter.file_done(time.perf_counter() - started)
+            except BaseException as exc:
+                failures.append(exc)
+                cancel.set()
+                return
 
-    if len(files) == 1:
-        one(files[0])
-        return
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="file") as pool:
-        futures = [pool.submit(one, t) for t in files]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in done if f.exception()), None)
-        if failed is not None:
-            cancel.set()
-            for f in pending:
-                f.cancel()
-            raise failed.exception()  # type: ignore[misc]
+    workers = [
+        threading.Thread(target=drain, name=f"file-{i}", daemon=True)
+        for i in range(min(max(1, threads), len(queue)) - 1)
+    ]
+    for thread in workers:
+        thread.start()
+    drain()  # this thread is one of the workers
+    for thread in workers:
+        thread.join()
+    if failures:
+        raise failures[0]
+
+
+def _interleave(tasks: list[FileTask]) -> list[FileTask]:
+    """Round-robin over destination directories, keeping each directory's order."""
+    groups: dict[str, list[FileTask]] = {}
+    for task in tasks:
+        groups.setdefault(os.path.dirname(task.dst), []).append(task)
+    if len(groups) < 2:
+        return tasks
+    return [t for row in itertools.zip_longest(*groups.values()) for t in row if t is not None]
 
 
 def _copy_batched(

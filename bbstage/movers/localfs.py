@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import glob as globmod
 import os
 import stat
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -112,19 +114,15 @@ def temp_name(dst: str, job_id: str) -> str:
 
 @contextmanager
 def atomic_file(task: FileTask, job_id: str, progress: Progress) -> Iterator[int]:
-    """Yield a write fd on a fresh temporary file beside ``task.dst``; rename it into place
-    (with the source's mode and mtime) only if the block completes; remove it otherwise."""
-    parent = os.path.dirname(task.dst)
-    try:
-        os.makedirs(parent, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise os_error(exc, parent) from None
-    tmp = temp_name(task.dst, job_id)
-    progress.temp(tmp)
-    try:
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise os_error(exc, task.dst) from None
+    """Yield a write fd on a fresh temporary file in ``task.dst``'s directory; put it in place
+    (with the source's mode and mtime) only if the block completes; remove it otherwise.
+
+    Where the file system allows it the file is unnamed (``O_TMPFILE``) and linked into place
+    at the end: one directory operation per file instead of create + rename, and a killed
+    worker leaves nothing behind. Elsewhere it is a named ``.part`` file (reported through
+    ``progress.temp`` so a killed worker's leftovers can be removed) renamed into place.
+    """
+    fd, tmp = _open_temp(task, job_id, progress)
     try:
         try:
             yield fd
@@ -138,15 +136,87 @@ def atomic_file(task: FileTask, job_id: str, progress: Progress) -> Iterator[int
                 os.fchmod(fd, task.mode)
             if task.mtime_ns is not None:
                 os.utime(fd, ns=(task.mtime_ns, task.mtime_ns))
+            if tmp is None:
+                tmp = _link_into_place(fd, task, job_id, progress)
         finally:
             os.close(fd)
-        os.rename(tmp, task.dst)
+        if tmp is not None:
+            os.rename(tmp, task.dst)
     except BaseException as exc:
-        with _quiet():
-            os.unlink(tmp)
+        if tmp is not None:
+            with _quiet():
+                os.unlink(tmp)
         if isinstance(exc, OSError):
             raise os_error(exc, task.dst) from None
         raise
+
+
+_FLAGS = os.O_RDWR | os.O_CLOEXEC
+_NO_TMPFILE = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL}  # EISDIR: kernel without it
+_tmpfile = hasattr(os, "O_TMPFILE")
+_proc_fd: tuple[int, int] | None = None  # (pid, fd of /proc/self/fd) for linkat
+_proc_lock = threading.Lock()
+
+
+def _open_temp(task: FileTask, job_id: str, progress: Progress) -> tuple[int, str | None]:
+    """An unnamed file (fd, None), or a named temporary one (fd, path); creates the parent."""
+    global _tmpfile
+    parent = os.path.dirname(task.dst)
+    for attempt in range(2):
+        try:
+            if _tmpfile and _proc_dir() is not None:
+                try:
+                    return os.open(parent, _FLAGS | os.O_TMPFILE, 0o600), None
+                except OSError as exc:
+                    if exc.errno not in _NO_TMPFILE:
+                        raise
+                    _tmpfile = False  # this file system (or kernel) cannot: named files from now
+            tmp = temp_name(task.dst, job_id)
+            progress.temp(tmp)
+            return os.open(tmp, _FLAGS | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), tmp
+        except FileNotFoundError:
+            if attempt:
+                raise os_error(FileNotFoundError(errno.ENOENT, "", parent), parent) from None
+            try:
+                os.makedirs(parent, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise os_error(exc, parent) from None
+        except OSError as exc:
+            raise os_error(exc, task.dst) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _proc_dir() -> int | None:
+    """An fd on this process's /proc/self/fd (reopened after a fork), or None without /proc."""
+    global _proc_fd, _tmpfile
+    pid = os.getpid()
+    cached = _proc_fd
+    if cached is not None and cached[0] == pid:
+        return cached[1]
+    with _proc_lock:
+        if _proc_fd is None or _proc_fd[0] != pid:
+            try:
+                fd = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                _tmpfile = False
+                return None
+            _proc_fd = (pid, fd)
+        return _proc_fd[1]
+
+
+def _link_into_place(fd: int, task: FileTask, job_id: str, progress: Progress) -> str | None:
+    """Give the unnamed file ``task.dst`` as its name; if that exists, link it under a
+    temporary name and return that (the caller renames it over the old file)."""
+    proc = _proc_dir()
+    assert proc is not None
+    try:
+        os.link(str(fd), task.dst, src_dir_fd=proc, follow_symlinks=True)
+        return None
+    except FileExistsError:
+        tmp = temp_name(task.dst, job_id)
+        progress.temp(tmp)
+        os.link(str(fd), tmp, src_dir_fd=proc, follow_symlinks=True)
+        return tmp
 
 
 @contextmanager
