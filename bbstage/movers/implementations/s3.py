@@ -370,6 +370,22 @@ class _S3Mover(Mover):
             delay *= 4
         raise AssertionError("unreachable")
 
+    async def _head(self, bucket: str, key: str) -> dict[str, Any]:
+        """HEAD an object. A HEAD answer has no body, so a 403 does not say why: ask again with
+        a one-byte GET, whose error names the cause (bad signature, unknown key, denied)."""
+        s3 = await self._s3()
+        url = f"s3://{bucket}/{key}"
+        try:
+            return await self._retry(url, lambda: s3.head_object(Bucket=bucket, Key=key))
+        except S3Error as exc:
+            if exc.code != "403":
+                raise
+        resp = await self._retry(
+            url, lambda: s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-0")
+        )
+        resp["Body"].close()
+        raise S3Error(f"access denied: {url} (using {self.who})", permanent=True, code="403")
+
     def copy(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
         if task.kind == "dir":
             return self._make_dir(task)
@@ -540,7 +556,7 @@ class S3Download(_S3Mover):
         return self._run(lambda: self._plan(src, dst, tree=tree, glob=glob))
 
     async def _plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
-        s3 = await self._s3()
+        await self._s3()
         bucket, key = split_url(src)
         if glob:
             return await self._plan_glob(bucket, key, dst)
@@ -553,7 +569,7 @@ class S3Download(_S3Mover):
                 )
             return self._tasks(bucket, prefix, objects, dst.rstrip("/") or "/")
         try:
-            head = await self._retry(src, lambda: s3.head_object(Bucket=bucket, Key=key))
+            head = await self._head(bucket, key)
         except TransferError as exc:
             if getattr(exc, "code", "") in _NOT_FOUND:
                 if await self._list(bucket, key.rstrip("/") + "/", limit=1):
@@ -798,9 +814,8 @@ class S3Upload(_S3Mover):
             return None if size is None else size == task.size
 
         async def head() -> bool | None:
-            s3 = await self._s3()
             try:
-                meta = await self._retry(task.dst, lambda: s3.head_object(Bucket=bucket, Key=key))
+                meta = await self._head(bucket, key)
             except S3Error as exc:
                 if exc.code in _NOT_FOUND:
                     return None

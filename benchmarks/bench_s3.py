@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""S3 staging: bbstage's S3 movers vs boto3's TransferManager vs a naive s3fs loop.
+
+Against the real RGW of ``scripts/local-s3`` (127.0.0.1), with bbuser1's own keys, in one run:
+
+* ``big``: one 1 GiB object, upload and download;
+* ``small``: 1,000 objects of 64 KiB, upload and download.
+
+Contenders (each round runs them one after the other, in rotating order, so that a noisy
+neighbour hurts all of them alike; the median of the rounds is reported):
+
+* ``bbstage``: ``bbstage.worker.run`` with a spec, exactly what a worker process runs
+  (planning, skip-if-current, copy_many, atomic temp files + rename) with the ``[s3]``
+  defaults;
+* ``transfermanager``: boto3's ``s3transfer.TransferManager`` with its default
+  ``TransferConfig`` and a default boto3 client; the 1,000 small objects are submitted at
+  once (its own batch API) and awaited;
+* ``naive``: one ``s3fs`` call per file (``put_file``/``get_file``) with s3fs defaults.
+
+Writes benchmarks/results/s3.json. Goals (docs/performance.md, "S3 staging"):
+bbstage >= 1.0x TransferManager, and >= 2.5x the naive loop on small objects.
+
+Usage: python3 benchmarks/bench_s3.py [--rounds 3] [--big-mib 1024] [--small 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import boto3  # noqa: E402
+import s3fs  # noqa: E402
+from s3transfer.manager import TransferConfig, TransferManager  # noqa: E402
+
+from bbstage import worker  # noqa: E402
+from tests.s3env import REGION, S3Env, start  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results" / "s3.json"
+USER = "bbuser1"
+
+
+class _Sink:
+    def send(self, event: Any) -> None:
+        pass
+
+
+class Bench:
+    def __init__(self, env: S3Env, bucket: str, work: Path, s3conf: dict[str, Any]) -> None:
+        self.env, self.bucket, self.work, self.s3conf = env, bucket, work, s3conf
+        keys = env.keys(USER)
+        self.keys = keys
+        self.client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=env.endpoint,
+            region_name=REGION,
+            aws_access_key_id=keys.key,
+            aws_secret_access_key=keys.secret,
+        )
+        self.fs = s3fs.S3FileSystem(
+            key=keys.key,
+            secret=keys.secret,
+            endpoint_url=env.endpoint,
+            client_kwargs={"region_name": REGION},
+            skip_instance_cache=True,
+        )
+
+    # -- bbstage --------------------------------------------------------------------------
+    def ours(self, src: str, dst: str) -> None:
+        spec = {
+            "job_id": "bench",
+            "source": src,
+            "destination": dst,
+            "source_kind": "s3" if src.startswith("s3://") else "posix",
+            "destination_kind": "s3" if dst.startswith("s3://") else "posix",
+            "tree": src.endswith("/"),
+            "glob": False,
+            "extra": {
+                "s3": self.s3conf,
+                "credentials": {"key": self.keys.key, "secret": self.keys.secret},
+            },
+        }
+        worker.run(spec, worker._Reporter(_Sink()), threading.Event())  # type: ignore[arg-type]
+
+    # -- TransferManager ------------------------------------------------------------------
+    def tm_upload(self, pairs: list[tuple[str, str]]) -> None:
+        with TransferManager(self.client, TransferConfig()) as tm:
+            futures = [tm.upload(local, self.bucket, key) for local, key in pairs]
+            for f in futures:
+                f.result()
+
+    def tm_download(self, pairs: list[tuple[str, str]]) -> None:
+        with TransferManager(self.client, TransferConfig()) as tm:
+            futures = [tm.download(self.bucket, key, local) for key, local in pairs]
+            for f in futures:
+                f.result()
+
+    # -- naive s3fs loop ------------------------------------------------------------------
+    def naive_upload(self, pairs: list[tuple[str, str]]) -> None:
+        for local, key in pairs:
+            self.fs.put_file(local, f"{self.bucket}/{key}")
+
+    def naive_download(self, pairs: list[tuple[str, str]]) -> None:
+        for key, local in pairs:
+            self.fs.get_file(f"{self.bucket}/{key}", local)
+
+
+def timed(action: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    action()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--big-mib", type=int, default=1024)
+    ap.add_argument("--small", type=int, default=1000)
+    ap.add_argument("--small-kib", type=int, default=64)
+    ap.add_argument("--only", choices=["big", "small"], default=None)
+    ap.add_argument("--s3", action="append", default=[], help="[s3] override, key=value")
+    ap.add_argument("--no-write", action="store_true", help="do not write the results file")
+    args = ap.parse_args()
+    s3conf: dict[str, Any] = {}
+
+    env = start()
+    s3conf["endpoint_url"] = env.endpoint
+    for item in args.s3:
+        k, v = item.split("=", 1)
+        s3conf[k] = v
+    bucket = env.create_bucket(owner=USER)
+    work = Path(tempfile.mkdtemp(prefix="bench-s3-", dir="/var/tmp"))
+    b = Bench(env, bucket, work, s3conf)
+    results: dict[str, Any] = {}
+    try:
+        src = work / "src"
+        (src / "small").mkdir(parents=True)
+        big = src / "big.dat"
+        with open(big, "wb") as f:
+            for _ in range(args.big_mib):
+                f.write(os.urandom(1 << 20))
+        names = [f"f{i:05d}" for i in range(args.small)]
+        for n in names:
+            (src / "small" / n).write_bytes(os.urandom(args.small_kib << 10))
+
+        def fresh() -> Path:
+            d = work / f"dst-{uuid.uuid4().hex[:8]}"
+            d.mkdir()
+            return d
+
+        def prefix() -> str:
+            return f"run-{uuid.uuid4().hex[:8]}"
+
+        # Objects the downloads read (uploaded once, by bbstage).
+        b.ours(str(big), f"s3://{bucket}/ref/big.dat")
+        b.ours(f"{src}/small/", f"s3://{bucket}/ref/small/")
+
+        def up_big(who: str) -> Callable[[], None]:
+            p = prefix()
+            if who == "bbstage":
+                return lambda: b.ours(str(big), f"s3://{bucket}/{p}/big.dat")
+            if who == "transfermanager":
+                return lambda: b.tm_upload([(str(big), f"{p}/big.dat")])
+            return lambda: b.naive_upload([(str(big), f"{p}/big.dat")])
+
+        def down_big(who: str) -> Callable[[], None]:
+            d = fresh()
+            if who == "bbstage":
+                return lambda: b.ours(f"s3://{bucket}/ref/big.dat", str(d / "big.dat"))
+            if who == "transfermanager":
+                return lambda: b.tm_download([("ref/big.dat", str(d / "big.dat"))])
+            return lambda: b.naive_download([("ref/big.dat", str(d / "big.dat"))])
+
+        def up_small(who: str) -> Callable[[], None]:
+            p = prefix()
+            pairs = [(str(src / "small" / n), f"{p}/{n}") for n in names]
+            if who == "bbstage":
+                return lambda: b.ours(f"{src}/small/", f"s3://{bucket}/{p}/")
+            if who == "transfermanager":
+                return lambda: b.tm_upload(pairs)
+            return lambda: b.naive_upload(pairs)
+
+        def down_small(who: str) -> Callable[[], None]:
+            d = fresh()
+            pairs = [(f"ref/small/{n}", str(d / n)) for n in names]
+            if who == "bbstage":
+                return lambda: b.ours(f"s3://{bucket}/ref/small/", f"{d}/")
+            if who == "transfermanager":
+                return lambda: b.tm_download(pairs)
+            return lambda: b.naive_download(pairs)
+
+        cases = {
+            "big_upload": (up_big, args.big_mib << 20, 1),
+            "big_download": (down_big, args.big_mib << 20, 1),
+            "small_upload": (up_small, args.small * (args.small_kib << 10), args.small),
+            "small_download": (down_small, args.small * (args.small_kib << 10), args.small),
+        }
+        who_all = ["bbstage", "transfermanager", "naive"]
+        for case, (make, nbytes, nfiles) in cases.items():
+            if args.only and not case.startswith(args.only):
+                continue
+            times: dict[str, list[float]] = {w: [] for w in who_all}
+            for r in range(args.rounds):
+                order = who_all[r % 3 :] + who_all[: r % 3]
+                for who in order:
+                    action = make(who)
+                    times[who].append(timed(action))
+                    for d in work.glob("dst-*"):
+                        shutil.rmtree(d)
+                print(
+                    f"{case} round {r + 1}: "
+                    + "  ".join(f"{w} {times[w][-1]:.2f}s" for w in who_all),
+                    file=sys.stderr,
+                )
+            med = {w: statistics.median(t) for w, t in times.items()}
+            results[case] = {
+                "bytes": nbytes,
+                "files": nfiles,
+                "seconds": times,
+                "median_s": med,
+                "MBps": {w: nbytes / med[w] / 1e6 for w in who_all},
+                "files_per_s": {w: nfiles / med[w] for w in who_all},
+                "ratio_vs_transfermanager": med["transfermanager"] / med["bbstage"],
+                "ratio_vs_naive": med["naive"] / med["bbstage"],
+            }
+            r = results[case]
+            print(
+                f"{case}: bbstage {r['MBps']['bbstage']:.0f} MB/s"
+                f" {r['files_per_s']['bbstage']:.0f} files/s;"
+                f" x{r['ratio_vs_transfermanager']:.2f} TransferManager,"
+                f" x{r['ratio_vs_naive']:.2f} naive",
+                file=sys.stderr,
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        env.cleanup()
+
+    out = {
+        "benchmark": "S3 staging against RGW on 127.0.0.1 (scripts/local-s3)",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "versions": {"s3fs": s3fs.__version__, "boto3": boto3.__version__},
+        "rounds": args.rounds,
+        "s3_config": {k: v for k, v in s3conf.items() if k != "endpoint_url"},
+        "load_average": os.getloadavg(),
+        "results": results,
+        "goals": {"vs_transfermanager": 1.0, "small_vs_naive": 2.5},
+    }
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps({k: v["median_s"] for k, v in results.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

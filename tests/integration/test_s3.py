@@ -1,0 +1,222 @@
+# ruff: noqa: F811 - the `s3` fixture is imported from tests.s3env and used as an argument
+"""[E] The S3 movers against real RGW (scripts/local-s3): data, errors, faults, and sbatch jobs
+on the local cluster that stage from and to RGW as bbuser1 with bbuser1's own credentials."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bbstage import worker
+from bbstage.movers import TransferError
+from tests.s3env import S3Env, s3  # noqa: F401
+from tests.s3fault import FaultProxy
+
+from .conftest import OTHER, USER, Cluster, as_user
+
+SMALL = {"part_size": "5M", "multipart_threshold": "8M", "max_concurrency": 4}
+
+
+class Conn:
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+
+    def send(self, event: tuple[Any, ...]) -> None:
+        self.events.append(event)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def stage(
+    s3: S3Env, src: str, dst: str, user: str = USER, *, endpoint: str | None = None, **conf: Any
+) -> Conn:
+    """Run a transfer as a worker does, with ``user``'s keys (the administrator-mapped path)."""
+    keys = s3.keys(user)
+    spec = {
+        "job_id": "it",
+        "source": src,
+        "destination": dst,
+        "source_kind": "s3" if src.startswith("s3://") else "posix",
+        "destination_kind": "s3" if dst.startswith("s3://") else "posix",
+        "tree": src.endswith("/"),
+        "glob": False,
+        "extra": {
+            "s3": {"endpoint_url": endpoint or s3.endpoint, **conf},
+            "credentials": {"key": keys.key, "secret": keys.secret},
+        },
+    }
+    conn = Conn()
+    worker.run(spec, worker._Reporter(conn), threading.Event())  # type: ignore[arg-type]
+    return conn
+
+
+def make_tree(root: Path, files: int, size: int) -> Path:
+    (root / "sub").mkdir(parents=True)
+    for i in range(files):
+        (root / ("sub" if i % 2 else "") / f"f{i:04}").write_bytes(os.urandom(size))
+    return root
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    return files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()) and all(
+        sha(a / f) == sha(b / f) for f in files
+    )
+
+
+def test_tree_small_objects_and_multipart_roundtrip(s3: S3Env, tmp_path: Path) -> None:
+    bucket = s3.create_bucket(owner=USER)
+    src = make_tree(tmp_path / "src", 400, 8 << 10)
+    (src / "big.dat").write_bytes(os.urandom(40 << 20))
+    stage(s3, f"{src}/", f"s3://{bucket}/run/", **SMALL)
+    head = s3.client(USER).head_object(Bucket=bucket, Key="run/big.dat")
+    assert head["ContentLength"] == 40 << 20 and head["ETag"].strip('"').endswith("-8")
+    for concurrency in (1, 4):
+        dst = tmp_path / f"dst{concurrency}"
+        conn = stage(
+            s3, f"s3://{bucket}/run/", f"{dst}/", download_concurrency=concurrency, **SMALL
+        )
+        assert ("plan", 400 * (8 << 10) + (40 << 20), 401) in conn.events
+        assert same_tree(src, dst)
+    # Everything is current now: nothing moves in either direction.
+    assert ("plan", 0, 0) in stage(s3, f"{src}/", f"s3://{bucket}/run/").events
+    assert ("plan", 0, 0) in stage(s3, f"s3://{bucket}/run/", f"{tmp_path}/dst1/").events
+
+
+def test_errors_name_the_url_and_the_users_own_credentials_are_enforced(
+    s3: S3Env, tmp_path: Path
+) -> None:
+    mine = s3.create_bucket(owner=USER)
+    theirs = s3.create_bucket(owner=OTHER)
+    s3.client(OTHER).put_object(Bucket=theirs, Key="secret.dat", Body=b"not yours")
+    (tmp_path / "f").write_bytes(b"data")
+
+    with pytest.raises(TransferError, match=rf"no such object: s3://{mine}/missing") as e:
+        stage(s3, f"s3://{mine}/missing", str(tmp_path / "x"))
+    assert e.value.permanent
+    with pytest.raises(TransferError, match=rf"access denied: s3://{theirs}/secret.dat") as e:
+        stage(s3, f"s3://{theirs}/secret.dat", str(tmp_path / "x"))
+    assert e.value.permanent
+    with pytest.raises(TransferError, match=rf"access denied: s3://{theirs}/"):
+        stage(s3, str(tmp_path / "f"), f"s3://{theirs}/planted")
+    assert not (tmp_path / "x").exists()
+
+    # A wrong secret: RGW refuses the signature; permanent, and says what to fix.
+    keys = s3.keys(USER)
+    spec_extra = {"key": keys.key, "secret": "wrong" + keys.secret[5:]}
+    spec = {
+        "job_id": "it",
+        "source": f"s3://{mine}/k",
+        "destination": str(tmp_path / "y"),
+        "source_kind": "s3",
+        "destination_kind": "posix",
+        "tree": False,
+        "glob": False,
+        "extra": {"s3": {"endpoint_url": s3.endpoint}, "credentials": spec_extra},
+    }
+    with pytest.raises(TransferError, match="bad S3 credentials for the credentials") as e:
+        worker.run(spec, worker._Reporter(Conn()), threading.Event())  # type: ignore[arg-type]
+    assert e.value.permanent and "SignatureDoesNotMatch" in str(e.value)
+
+
+def test_slowdown_and_dropped_connections_are_retried(s3: S3Env, tmp_path: Path) -> None:
+    bucket = s3.create_bucket(owner=USER)
+    src = make_tree(tmp_path / "src", 60, 64 << 10)
+    (src / "big.dat").write_bytes(os.urandom(24 << 20))
+    with FaultProxy(s3.endpoint, slowdown=0.15, drop=0.1, truncate=0.05, seed=7) as proxy:
+        stage(s3, f"{src}/", f"s3://{bucket}/f/", endpoint=proxy.url, retries=5, **SMALL)
+        dst = tmp_path / "dst"
+        stage(s3, f"s3://{bucket}/f/", f"{dst}/", endpoint=proxy.url, retries=5, **SMALL)
+    assert proxy.stats.faults > 5
+    assert same_tree(src, dst)
+    assert s3.client(USER).list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+# -- through the real cluster: sbatch as bbuser1, the daemon's worker with bbuser1's ~/.aws ---
+
+
+@pytest.mark.cluster
+def test_sbatch_stages_in_from_and_out_to_rgw_as_the_user(
+    s3: S3Env, cluster: Cluster, workdir: Path
+) -> None:
+    bucket = s3.create_bucket(owner=USER)
+    client = s3.client(USER)
+    data = os.urandom(3 << 20)
+    client.put_object(Bucket=bucket, Key="in/input.dat", Body=data)
+    for i in range(30):
+        client.put_object(Bucket=bucket, Key=f"in/refs/r{i}.txt", Body=f"ref {i}\n".encode())
+    fast = workdir / "fast"
+    fast.mkdir()
+    as_user(workdir)
+    job = cluster.submit(
+        workdir,
+        f"""#!/bin/bash
+#BB_LUA stage_in source=s3://{bucket}/in/input.dat destination={fast}/input.dat
+#BB_LUA stage_in source=s3://{bucket}/in/refs/ destination={fast}/refs/
+#BB_LUA stage_out source={fast}/result.dat destination=s3://{bucket}/out/result.dat
+#BB_LUA stage_out source={fast}/outdir/ destination=s3://{bucket}/out/dir/
+test -f {fast}/input.dat || exit 3
+mkdir -p {fast}/outdir/sub
+cat {fast}/input.dat {fast}/refs/r7.txt > {fast}/result.dat
+for i in 1 2 3; do echo $i > {fast}/outdir/sub/o$i; done
+""",
+    )
+    cluster.wait_gone(job, timeout=180)
+    assert cluster.job(job)["JobState"] == "COMPLETED"
+    assert (fast / "input.dat").read_bytes() == data
+    assert (fast / "input.dat").stat().st_uid == (fast / "refs").stat().st_uid != 0
+    assert len(list((fast / "refs").iterdir())) == 30
+    out = client.get_object(Bucket=bucket, Key="out/result.dat")["Body"].read()
+    assert out == data + b"ref 7\n"
+    assert client.get_object(Bucket=bucket, Key="out/dir/sub/o2")["Body"].read() == b"2\n"
+    status = cluster.status(job)
+    assert [d["state"] for d in status["directives"]] == ["done"] * 4
+
+
+def held(cluster: Cluster, workdir: Path, directive: str, text: str) -> str:
+    job = cluster.submit(workdir, f"#!/bin/bash\n{directive}\ntrue\n")
+    try:
+        info = cluster.wait(job, lambda j: text in j.get("Reason", ""), timeout=90)
+        assert info["JobState"] == "PENDING"
+        return info["Reason"]
+    finally:
+        cluster.run("scancel", job)
+
+
+@pytest.mark.cluster
+def test_a_profile_the_user_does_not_have_holds_the_job(
+    s3: S3Env, cluster: Cluster, workdir: Path
+) -> None:
+    bucket = s3.create_bucket(owner=USER)
+    s3.client(USER).put_object(Bucket=bucket, Key="k", Body=b"x")
+    name = f"nosuch{uuid.uuid4().hex[:6]}"
+    reason = held(
+        cluster,
+        workdir,
+        f"#BB_LUA stage_in source=s3://{bucket}/k destination={workdir}/k profile={name}",
+        f"no S3 profile '{name}'",
+    )
+    assert "~/.aws/credentials" in reason
+
+
+@pytest.mark.cluster
+def test_another_users_bucket_is_refused_with_the_users_own_credentials(
+    s3: S3Env, cluster: Cluster, workdir: Path
+) -> None:
+    theirs = s3.create_bucket(owner=OTHER)
+    s3.client(OTHER).put_object(Bucket=theirs, Key="private.dat", Body=b"bbuser2's")
+    held(
+        cluster,
+        workdir,
+        f"#BB_LUA stage_in source=s3://{theirs}/private.dat destination={workdir}/p.dat",
+        f"access denied: s3://{theirs}/private.dat",
+    )
+    assert not (workdir / "p.dat").exists()
