@@ -291,6 +291,67 @@ def posix(result: dict[str, Any], plots: bool) -> list[str]:
     return lines
 
 
+# -- S3 ------------------------------------------------------------------------------------
+
+
+def s3(result: dict[str, Any], plots: bool) -> list[str]:
+    r, goals = result["results"], result.get("goals", {})
+    lines = [
+        "## S3 staging (vs boto3 TransferManager, naive s3fs loop)",
+        "",
+        "`benchmarks/bench_s3.py` (see its docstring): against the Ceph RGW of",
+        "`scripts/local-s3` on 127.0.0.1, as bbuser1; *bbstage* is `bbstage.worker.run` with",
+        "the `[s3]` defaults, *transfermanager* boto3's `s3transfer.TransferManager` with its",
+        "defaults, *naive* one s3fs call per file. Medians of "
+        f"{result.get('rounds', '?')} rounds, contenders in rotating order. MB = 10⁶ bytes.",
+        "",
+        "| case | contender | MB/s | files/s | seconds | ours × |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for case, c in r.items():
+        label = f"{case.replace('_', ' ')} ({c['files']} × {_size(c['bytes'] // c['files'])})"
+        for who, med in c["median_s"].items():
+            ratio = (
+                "" if who == "bbstage" else f"{c['median_s'][who] / c['median_s']['bbstage']:.2f}×"
+            )
+            name = f"**{who}**" if who == "bbstage" else who
+            lines.append(
+                f"| {label} | {name} | {c['MBps'][who]:.1f} | {c['files_per_s'][who]:.1f} | "
+                f"{med:.2f} | {ratio} |"
+            )
+    lines += ["", "Goals (ours × = contender's time / ours):", ""]
+    tm, naive = goals.get("vs_transfermanager"), goals.get("small_vs_naive")
+    for case, c in r.items():
+        x = c["ratio_vs_transfermanager"]
+        line = f"* {case.replace('_', ' ')}: **{x:.2f}×** TransferManager"
+        if tm is not None:
+            line += f" (goal ≥ {tm}×: {'met' if x >= tm else 'NOT met'})"
+        if case.startswith("small") and naive is not None:
+            y = c["ratio_vs_naive"]
+            line += f"; **{y:.2f}×** naive (goal ≥ {naive}×: {'met' if y >= naive else 'NOT met'})"
+        lines.append(line + ".")
+    host, versions = result.get("host", {}), result.get("versions", {})
+    load = result.get("load_average")
+    lines += [
+        "",
+        f"Measured {result.get('date', '?')}, {host.get('cpus', '?')} CPUs, Python "
+        f"{host.get('python', '?')}, "
+        + ", ".join(f"{k} {v}" for k, v in versions.items())
+        + (f"; load average at the end {load[0]:.1f}" if load else "")
+        + ".",
+        "",
+    ]
+    return lines
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:g} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"  # pragma: no cover
+
+
 # -- Slurm job array -----------------------------------------------------------------------
 
 
@@ -384,7 +445,7 @@ def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
 
 SECTIONS: dict[str, Render] = {
     "posix": posix,
-    "s3": None,  # type: ignore[dict-item]  # placeholder: ordered here, rendered generically
+    "s3": s3,
     "job_array": job_array,
     "hook_roundtrip": hook_roundtrip,
     "job_process": job_process,
@@ -416,10 +477,12 @@ def build(plots: bool = True) -> str:
     lines = [HEADER]
     for stem in order:
         render = SECTIONS.get(stem) or generic(stem)
+        result = json.loads(files[stem].read_text())
         try:
-            lines += render(json.loads(files[stem].read_text()), plots)
-        except (KeyError, TypeError, ValueError) as exc:
-            print(f"report.py: {files[stem]}: cannot render ({exc!r})", file=sys.stderr)
+            lines += render(result, plots)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            print(f"report.py: {files[stem]}: {exc!r}; generic table instead", file=sys.stderr)
+            lines += generic(stem)(result, plots)
     old = DOC.read_text() if DOC.exists() else ""
     foreign = _foreign_sections(old, _titles(lines))
     if foreign:

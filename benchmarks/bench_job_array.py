@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Staging overhead per task of a real Slurm job array, vs a no-op burst_buffer.lua.
+
+On the local cluster (``eval "$(scripts/local-cluster up)"`` first), as ``bbuser1``: a job
+array of ``--tasks`` (200) tasks, each with ``#BB_LUA pool=scratch capacity=1M``, one
+``stage_in`` of a small file into ``$BB_SCRATCH`` and one ``stage_out`` of it back, and a
+body that does nothing. Timed from ``sbatch`` until every task's record says COMPLETED
+and no task has a burst buffer left (state ``complete`` or none); polled every 0.2 s.
+
+The baseline is the same array (same script, same ``#BB_LUA`` lines) under a no-op
+``burst_buffer.lua``: every hook returns ``slurm.SUCCESS`` at once, pools as in
+``bbstage_site.lua``. To run it the cluster's ``etc/burst_buffer.lua`` is replaced for the
+baseline's run only and, in a ``finally``, reinstalled with
+``bbstage --config $BBSTAGE_CONFIG install-lua --dest $BBSTAGE_CLUSTER_DIR/etc``
+(burst_buffer/lua reloads the script when its mtime changes). The cluster is shared: the
+swap lasts one baseline run. Overhead per task = (ours − baseline) / tasks; goal < 25 ms.
+
+Writes benchmarks/results/job_array.json, then regenerates docs/performance.md.
+
+Usage: eval "$(scripts/local-cluster up)"; python3 benchmarks/bench_job_array.py
+       [--tasks 200] [--repeat 1] [--user bbuser1] [--timeout 900] [--no-doc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bbstage.bench import environment  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results" / "job_array.json"
+GOAL_MS = 25.0
+POLL = 0.2
+
+NOOP_LUA = """\
+-- No-op burst_buffer.lua written by benchmarks/bench_job_array.py for its baseline run;
+-- `bbstage install-lua` puts the real hooks back. Every hook succeeds at once.
+local HERE = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local site = { pools = {} }
+do
+	local chunk = loadfile(HERE .. "bbstage_site.lua")
+	local ok, values = pcall(chunk or error)
+	if ok and type(values) == "table" then site = values end
+end
+local function ok() return slurm.SUCCESS end
+function slurm_bb_pools()
+	local items = {}
+	for i, p in ipairs(site.pools or {}) do
+		items[i] = string.format('{"id":%q,"quantity":%d,"granularity":%d}',
+			p.name, p.quantity, p.granularity)
+	end
+	return slurm.SUCCESS, '{"pools":[' .. table.concat(items, ",") .. "]}"
+end
+slurm_bb_job_process = ok
+slurm_bb_paths = ok
+slurm_bb_setup = ok
+slurm_bb_data_in = ok
+slurm_bb_test_data_in = ok
+slurm_bb_real_size = ok
+slurm_bb_pre_run = ok
+slurm_bb_post_run = ok
+slurm_bb_data_out = ok
+slurm_bb_test_data_out = ok
+slurm_bb_job_teardown = ok
+function slurm_bb_get_status() return slurm.SUCCESS, "no-op burst_buffer.lua" end
+"""
+
+
+def die(message: str) -> None:
+    sys.exit(f"bench_job_array: {message}")
+
+
+def cluster() -> tuple[Path, str]:
+    """The cluster's etc directory and the daemon config, from scripts/local-cluster's env."""
+    for name in ("SLURM_CONF", "BBSTAGE_CLUSTER_DIR", "BBSTAGE_CONFIG"):
+        if not os.environ.get(name):
+            die(f'${name} is not set: run  eval "$(scripts/local-cluster up)"  first')
+    if os.geteuid() != 0:
+        die("run as root (it submits with runuser and swaps burst_buffer.lua)")
+    return Path(os.environ["BBSTAGE_CLUSTER_DIR"]) / "etc", os.environ["BBSTAGE_CONFIG"]
+
+
+def job_script(work: Path) -> str:
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "#SBATCH --job-name=bbstage-bench-array",
+            "#SBATCH --output=/dev/null",
+            "#BB_LUA pool=scratch capacity=1M",
+            f"#BB_LUA stage_in source={work}/in.dat destination=$BB_SCRATCH/in.dat",
+            f"#BB_LUA stage_out source=$BB_SCRATCH/in.dat destination={work}/out/%j.dat",
+            "true",
+            "",
+        ]
+    )
+
+
+def records(array_id: str) -> list[tuple[str, str]]:
+    """(JobState, BurstBufferState) of every record of the array (pending remainder too)."""
+    proc = subprocess.run(
+        ["scontrol", "show", "job", "-o", array_id], capture_output=True, text=True
+    )
+    rows = []
+    for line in proc.stdout.splitlines():
+        state = re.search(r"\bJobState=(\S+)", line)
+        bb = re.search(r"\bBurstBufferState=(\S+)", line)
+        if state:
+            rows.append((state.group(1), bb.group(1) if bb else ""))
+    return rows
+
+
+def run_array(script: Path, work: Path, user: str, tasks: int, timeout: float) -> dict:
+    """Submit the array; wait until all tasks are COMPLETED with no burst buffer left."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        ["runuser", "-u", user, "--", "sbatch", "--parsable", f"--array=0-{tasks - 1}"]
+        + [f"--chdir={work}", str(script)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        die(f"sbatch refused the array: {proc.stderr.strip()}")
+    array_id = proc.stdout.strip().split(";")[0]
+    done_states: list[tuple[str, str]] = []
+    while time.perf_counter() - start < timeout:
+        rows = records(array_id)
+        finished = [r for r in rows if r[0] == "COMPLETED" and r[1] in ("", "complete")]
+        bad = [r for r in rows if r[0] in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")]
+        if bad:
+            subprocess.run(["scancel", array_id], capture_output=True)
+            die(f"array {array_id}: a task ended {bad[0]} (see scontrol show job {array_id})")
+        if len(finished) == tasks:
+            done_states = rows
+            break
+        time.sleep(POLL)
+    else:
+        subprocess.run(["scancel", array_id], capture_output=True)
+        die(f"array {array_id} not finished after {timeout:.0f} s (cancelled)")
+    seconds = time.perf_counter() - start
+    return {"array_id": array_id, "seconds": seconds, "tasks": len(done_states)}
+
+
+def swap_in_noop(etc: Path) -> None:
+    """Replace burst_buffer.lua by the no-op (atomically, with a later mtime)."""
+    target = etc / "burst_buffer.lua"
+    old = target.stat().st_mtime
+    tmp = etc / ".burst_buffer.lua.bench-noop"
+    tmp.write_text(NOOP_LUA)
+    tmp.chmod(0o644)
+    now = max(time.time(), old + 1)  # the plugin compares whole seconds: make sure it moves
+    os.utime(tmp, (now, now))
+    os.replace(tmp, target)
+
+
+def restore(etc: Path, config: str, noop_mtime: float) -> None:
+    """Reinstall the real hooks (and make sure the plugin sees a new mtime)."""
+    bbstage = shutil.which("bbstage") or str(REPO / ".venv" / "bin" / "bbstage")
+    subprocess.run(
+        [bbstage, "--config", config, "install-lua", "--dest", str(etc)],
+        check=True,
+        capture_output=True,
+    )
+    target = etc / "burst_buffer.lua"
+    if "No-op burst_buffer.lua" in target.read_text():
+        raise RuntimeError(f"{target}: install-lua did not restore the real hooks")
+    if int(target.stat().st_mtime) <= int(noop_mtime):
+        later = noop_mtime + 1
+        os.utime(target, (later, later))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each variant (medians)")
+    ap.add_argument("--user", default="bbuser1")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per array")
+    ap.add_argument("--no-doc", action="store_true", help="do not regenerate docs/performance.md")
+    args = ap.parse_args()
+
+    etc, config = cluster()
+    user = pwd.getpwnam(args.user)
+    work = Path(tempfile.mkdtemp(prefix="bbstage-bench-array-", dir="/var/tmp"))
+    runs: dict[str, list[dict]] = {"bbstage": [], "noop": []}
+    try:
+        work.chmod(0o755)
+        (work / "in.dat").write_bytes(os.urandom(4096))
+        (work / "out").mkdir()
+        for path in (work / "in.dat", work / "out"):
+            os.chown(path, user.pw_uid, user.pw_gid)
+        script = work / "job.sh"
+        script.write_text(job_script(work))
+        script.chmod(0o644)
+        for rep in range(args.repeat):
+            r = run_array(script, work, args.user, args.tasks, args.timeout)
+            staged = len(list((work / "out").iterdir()))
+            if staged != args.tasks:
+                die(f"{staged} of {args.tasks} tasks staged their file out")
+            runs["bbstage"].append(r)
+            print(f"bbstage hooks ({rep + 1}/{args.repeat}): {r['seconds']:.2f} s", flush=True)
+            for f in (work / "out").iterdir():
+                f.unlink()
+            swap_in_noop(etc)
+            try:
+                r = run_array(script, work, args.user, args.tasks, args.timeout)
+            finally:
+                restore(etc, config, (etc / "burst_buffer.lua").stat().st_mtime)
+            runs["noop"].append(r)
+            print(f"no-op hooks   ({rep + 1}/{args.repeat}): {r['seconds']:.2f} s", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    variants = {
+        k: {"seconds": statistics.median(r["seconds"] for r in v), "runs": v}
+        for k, v in runs.items()
+    }
+    overhead = (variants["bbstage"]["seconds"] - variants["noop"]["seconds"]) * 1e3 / args.tasks
+    slurm = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout
+    result = {
+        "benchmark": "Slurm job array: bbstage hooks vs no-op burst_buffer.lua",
+        "tasks": args.tasks,
+        "variants": variants,
+        "overhead_ms_per_task": overhead,
+        "goal_ms_per_task": GOAL_MS,
+        "met": overhead < GOAL_MS,
+        "environment": {**environment(), "slurm": slurm.strip()},
+    }
+    print(f"overhead: {overhead:.1f} ms per task (goal < {GOAL_MS} ms)")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS.relative_to(REPO)}")
+    if not args.no_doc:
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "report.py")], check=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
