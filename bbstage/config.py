@@ -118,4 +118,11 @@ def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
             raise ConfigError(f"{source}: [[pools]] #{i + 1}: {exc}") from None
     kwargs["pools"] = tuple(pools)
     kwargs["s3"] = dict(data.get("s3", {}))
+    from bbstage.movers.base import TransferError
+    from bbstage.movers.implementations.s3 import S3Settings
+
+    try:
+        S3Settings.from_config(kwargs["s3"])  # a typo in [s3] is an error now, not at staging
+    except TransferError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     return Config(**kwargs)
