@@ -102,10 +102,14 @@ function slurm_bb_setup(job_id, uid, gid, pool, bb_size, job_script, job_info)
 		{ pool = pool, size = bb_size })
 end
 
--- Stage in. 22.05: block until staged. 24.05+ (uid given): start, then test_data_in polls.
+-- Only 24.05+ polls test_data_in/out (and defines slurm.SLURM_BB_BUSY); 23.x already
+-- passes uid to data_in but takes its return as "staged", so a uid proves nothing.
+local function polled() return slurm.SLURM_BB_BUSY ~= nil end
+
+-- Stage in. Before 24.05: block until staged. 24.05+: start, then test_data_in polls.
 function slurm_bb_data_in(job_id, job_script, uid, gid, job_info)
 	return forward("data_in", nil, job_id, job_script, uid, gid, job_info,
-		{ wait = uid == nil })
+		{ wait = not polled() })
 end
 
 function slurm_bb_test_data_in(job_id, job_script, uid, gid, job_info)
@@ -127,7 +131,7 @@ end
 -- Stage out: like data_in.
 function slurm_bb_data_out(job_id, job_script, uid, gid, job_info)
 	return forward("data_out", nil, job_id, job_script, uid, gid, job_info,
-		{ wait = uid == nil })
+		{ wait = not polled() })
 end
 
 function slurm_bb_test_data_out(job_id, job_script, uid, gid, job_info)
@@ -145,7 +149,7 @@ function slurm_bb_get_status(...)
 	local args, uid = { ... }, nil
 	-- Only 24.05+ defines slurm.SLURM_BB_BUSY. Guessing from the arguments would let a 22.05
 	-- user claim any uid (`scontrol show bbstat 1001 1001`) and see that user's paths.
-	if slurm.SLURM_BB_BUSY ~= nil and #args >= 2 then
+	if polled() and #args >= 2 then
 		uid = tostring(table.remove(args, 1))
 		table.remove(args, 1)
 	end

@@ -7,6 +7,11 @@ slurm = {
 	log_error = function(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end,
 }
 local dir, hook = arg[1], arg[2]
+-- 24.05+ defines slurm.SLURM_BB_BUSY (burst_buffer.lua tells the generations apart by it) and
+-- passes uid after (job_id, script): a call with a uid there stands for 24.05+.
+if hook ~= "slurm_bb_setup" and hook ~= "slurm_bb_get_status" and arg[5] ~= nil and arg[5] ~= "nil" then
+	slurm.SLURM_BB_BUSY = "BUSY"
+end
 dofile(dir .. "/burst_buffer.lua")
 local args = {}
 for i = 3, #arg do
