@@ -8,6 +8,9 @@ local M = {}
 
 -- data_in/data_out may wait until staged: Slurm's StageIn/StageOutTimeout bounds them.
 local STAGE_TIMEOUT = 7 * 86400
+-- A daemon that restarts is back within this many seconds; one that is not running is
+-- reported after it ("staging daemon not reachable").
+local CONNECT_GRACE = 3
 
 -- Minimal JSON encoding for the flat request objects of docs/protocol.md.
 local function json(value)
@@ -32,7 +35,8 @@ end
 -- When the daemon gave no answer, a third value is zmtp's failure kind.
 function M.call(zmtp, socket_path, op, fields, timeout)
 	fields.v, fields.op = 1, op
-	local reply, kind, err = zmtp.request(socket_path, { json(fields) }, { timeout = timeout })
+	local reply, kind, err = zmtp.request(socket_path, { json(fields) }, { timeout = timeout,
+		connect_grace = CONNECT_GRACE })
 	if not reply then
 		slurm.log_error("bbstage: %s job %s: %s (%s)", op, tostring(fields.job_id), err, kind)
 		return slurm.ERROR, err, kind

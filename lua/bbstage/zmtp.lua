@@ -133,6 +133,8 @@ end
 -- opts.timeout: overall deadline in seconds (default 10), for all attempts together.
 -- opts.retry_until: absolute socket.gettime() after which no reconnect is tried
 -- (default and maximum: the deadline).
+-- opts.connect_grace: seconds to keep trying to connect before the first connection
+-- (default 0: fail at once), so a daemon restart is not mistaken for "not running".
 function M.request(path, frames, opts)
   opts = opts or {}
   assert(type(frames) == "table" and #frames > 0, "zmtp.request: frames must be a non-empty list")
@@ -145,13 +147,15 @@ function M.request(path, frames, opts)
     parts[#parts + 1] = f
   end
   local msg = table.concat(parts)
-  local backoff, n = 0.1, 0
+  local backoff, n, connected = 0.1, 0, false
+  local grace_until = socket.gettime() + (opts.connect_grace or 0)
   while true do
     n = n + 1
     local reply, kind, why = attempt(path, msg, deadline)
     if reply then return reply end
+    connected = connected or kind ~= "connect"
     local busy = kind == "connect" and (why == "timeout" or tostring(why):find("temporarily"))
-    if kind == "connect" and n == 1 and not busy then
+    if kind == "connect" and not connected and not busy and socket.gettime() >= grace_until then
       return nil, "unreachable", ("staging daemon not reachable at %s: %s"):format(path, why)
     elseif kind == "protocol" then
       return nil, "protocol", ("staging daemon at %s: protocol error: %s"):format(path, why)
