@@ -45,12 +45,36 @@ def test_file_keeps_bytes_mode_and_mtime(tmp_path: Path) -> None:
     assert not any(os.path.exists(t) for t in sink.temps)
 
 
-def test_big_file_in_parallel_chunks(tmp_path: Path) -> None:
+def test_big_file_in_parallel_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bbstage.movers.implementations import posix
+
+    monkeypatch.setattr(posix, "_same_device", lambda src, dst: False)  # as across devices
+    streams = []
+    real = posix._copy_range
+    monkeypatch.setattr(posix, "_copy_range", lambda *a: (streams.append(a[2]), real(*a)))
     src = tmp_path / "big"
     src.write_bytes(os.urandom(5 * 1024 * 1024 + 7))
     mover = PosixMover(MoverOptions(threads=4, chunk_size=1024 * 1024))
     copy_all(mover, str(src), str(tmp_path / "copy"))
     assert (tmp_path / "copy").read_bytes() == src.read_bytes()
+    assert len(streams) == 6
+
+
+def test_big_file_on_one_device_is_one_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bbstage.movers.implementations import posix
+
+    streams = []
+    real = posix._copy_range
+    monkeypatch.setattr(posix, "_copy_range", lambda *a: (streams.append(a[2]), real(*a)))
+    src = tmp_path / "big"
+    src.write_bytes(os.urandom(3 * 1024 * 1024))
+    copy_all(
+        PosixMover(MoverOptions(threads=4, chunk_size=1024 * 1024)), str(src), str(tmp_path / "c")
+    )
+    assert (tmp_path / "c").read_bytes() == src.read_bytes()
+    assert streams == [0]
 
 
 def test_tree_with_empty_dir_and_symlink(tmp_path: Path) -> None:

@@ -31,6 +31,8 @@ class PosixMover(Mover):
         except OSError as exc:
             raise os_error(exc, task.src) from None
         try:
+            if task.size >= _STEP:  # as cp does: the kernel reads further ahead
+                os.posix_fadvise(src, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             with localfs.atomic_file(task, self.options.job_id, progress) as dst:
                 self._copy_data(src, dst, task.size, progress, cancel)
                 if self.options.checksum != "none":
@@ -42,7 +44,10 @@ class PosixMover(Mover):
         self, src: int, dst: int, size: int, progress: Progress, cancel: threading.Event
     ) -> None:
         chunk = self.options.chunk_size
-        if size < 2 * chunk or self.options.threads < 2:
+        if size < 2 * chunk or self.options.threads < 2 or _same_device(src, dst):
+            # One stream. Parallel chunks pay off reading from a parallel or network file
+            # system; within one device they only make the disk seek (a local ext4 copy
+            # ran at half of cp's speed with 8 streams): there, copy like cp does.
             _copy_range(src, dst, 0, size, progress, cancel)
             return
         os.ftruncate(dst, size)
@@ -58,6 +63,10 @@ class PosixMover(Mover):
                 for future in futures:
                     future.cancel()
                 raise
+
+
+def _same_device(src: int, dst: int) -> bool:
+    return os.fstat(src).st_dev == os.fstat(dst).st_dev
 
 
 def _copy_range(
