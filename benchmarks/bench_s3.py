@@ -32,6 +32,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -118,6 +119,24 @@ class Bench:
     def naive_download(self, pairs: list[tuple[str, str]]) -> None:
         for key, local in pairs:
             self.fs.get_file(f"{self.bucket}/{key}", local)
+
+
+def free_space(b: Bench) -> None:
+    """Delete what the uploads wrote (not the reference objects) and have RGW's garbage
+    collector free it now: the local OSD is small and shared, and RGW frees deleted big
+    objects' data only hours later by default."""
+    b.fs.invalidate_cache()
+    keys = [k for k in b.fs.find(b.bucket) if not k.startswith(f"{b.bucket}/ref/")]
+    if not keys:
+        return
+    b.fs.rm(keys)
+    env = {**os.environ, "CEPH_CONF": str(b.env.dir / "ceph.conf")}
+    subprocess.run(
+        ["radosgw-admin", "gc", "process", "--include-all"],
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def timed(action: Callable[[], None]) -> float:
@@ -222,6 +241,7 @@ def main() -> None:
                     times[who].append(timed(action))
                     for d in work.glob("dst-*"):
                         shutil.rmtree(d)
+                    free_space(b)
                 print(
                     f"{case} round {r + 1}: "
                     + "  ".join(f"{w} {times[w][-1]:.2f}s" for w in who_all),
