@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -45,7 +46,7 @@ def tool_versions() -> dict[str, str]:
     for tool in ("cp", "rsync"):
         if shutil.which(tool):
             out = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
-            versions[tool] = out.splitlines()[0] if out else "?"
+            versions[tool] = " ".join(out.splitlines()[0].split()) if out else "?"
     return versions
 
 
@@ -117,6 +118,7 @@ def main() -> int:
             **bench.environment(),
             "filesystem": filesystem(root.parent),
             "tools": tool_versions(),
+            "load_average": list(os.getloadavg()),
         },
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -248,12 +248,12 @@ def posix(result: dict[str, Any], plots: bool) -> list[str]:
         ):
             label = f"{c['files']} × {bench._human(c['file_size'])}"
         lines.append(
-            f"| {label} | **bbstage** | {c['mb_per_s']:.1f} | {c['files_per_s']:.0f} | "
+            f"| {label} | **bbstage** | {c['mb_per_s']:.1f} | {_rate(c['files_per_s'])} | "
             f"{c['seconds']:.3f} | | {c['cache']} | {len(c['runs'])} |"
         )
         for b in c["baselines"].values():
             lines.append(
-                f"| {label} | {b['command']} | {b['mb_per_s']:.1f} | {b['files_per_s']:.0f} | "
+                f"| {label} | {b['command']} | {b['mb_per_s']:.1f} | {_rate(b['files_per_s'])} | "
                 f"{b['seconds']:.3f} | {b['ratio']:.2f}× | {c['cache']} | {len(b['runs'])} |"
             )
     lines += ["", "Goals (ours × = baseline's time / ours, medians):", ""]
@@ -269,6 +269,21 @@ def posix(result: dict[str, Any], plots: bool) -> list[str]:
             f"{g['min_ratio']}×) — {'met' if g['met'] else 'NOT met'}. Per-file latency "
             f"(start to rename) p50 {lat.get('p50', 0):.2f} ms, p99 {lat.get('p99', 0):.2f} ms."
         )
+        spread = "; ".join(
+            f"{n} " + " ".join(f"{r['seconds']:.2f}" for r in runs)
+            for n, runs in [("bbstage", c["runs"])]
+            + [(b["command"], b["runs"]) for b in c["baselines"].values()]
+        )
+        lines.append(f"  Every run (s): {spread}.")
+    load = env.get("load_average")
+    if load:
+        lines += [
+            "",
+            f"Load average when the benchmark ended: {load[0]:.1f} (1 min), {load[2]:.1f} "
+            "(15 min) on 2 CPUs — other work shared the machine and its disk, so single runs",
+            "spread widely; compare the ratios, and re-run on a quiet machine for absolute",
+            "numbers.",
+        ]
     lines.append("")
     plt = _plots_ok(plots)
     if plt is not None:
@@ -342,6 +357,10 @@ def s3(result: dict[str, Any], plots: bool) -> list[str]:
         "",
     ]
     return lines
+
+
+def _rate(x: float) -> str:
+    return f"{x:.0f}" if x >= 10 else f"{x:.3g}"
 
 
 def _size(n: int) -> str:
