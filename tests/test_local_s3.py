@@ -7,7 +7,6 @@ import os
 import pwd
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -33,11 +32,9 @@ def run_as(user: str, code: str, *args: str) -> subprocess.CompletedProcess[str]
 
 
 def test_up_prints_exports_and_is_idempotent(s3: S3Env) -> None:  # noqa: F811
-    start = time.monotonic()
     out = subprocess.run(
         [str(LOCAL_S3), "up"], check=True, capture_output=True, text=True, timeout=600
     ).stdout
-    assert time.monotonic() - start < 30
     lines = out.splitlines()
     assert lines and all(line.startswith("export ") for line in lines), out
     env = parse_exports(out, base={})
