@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import time
 
 import structlog
 
@@ -55,24 +56,39 @@ async def slurm_states(job_ids: list[str], slurm_conf: str | None) -> dict[str, 
     return states
 
 
-async def once(engine: Engine) -> list[str]:
-    """One pass; returns the job ids torn down."""
+# A job squeue does not list must stay unlisted this long before it counts as gone: Slurm
+# runs setup for an array task before squeue can find the task by its own id.
+MISSING_GRACE = 120.0
+
+
+async def once(engine: Engine, missing: dict[str, float] | None = None) -> list[str]:
+    """One pass; returns the job ids torn down. ``missing``: job id → when first unlisted,
+    carried from pass to pass."""
+    missing = {} if missing is None else missing
     jobs = engine.store.jobs(BEFORE_RUN + AFTER_RUN)
     if not jobs:
+        missing.clear()
         return []
     conf = str(engine.config.slurm_conf) if engine.config.slurm_conf else None
     states = await slurm_states([j.job_id for j in jobs], conf)
     if states is None:
         return []
-    orphans = [
-        j.job_id
-        for j in jobs
-        if j.job_id not in states or (j.state in BEFORE_RUN and states[j.job_id] in DEAD)
-    ]
+    now = time.monotonic()
+    for job_id in list(missing):
+        if job_id in states or all(j.job_id != job_id for j in jobs):
+            del missing[job_id]
+    orphans = []
+    for j in jobs:
+        if j.job_id in states:
+            if j.state in BEFORE_RUN and states[j.job_id] in DEAD:
+                orphans.append(j.job_id)  # Slurm says so: act now
+        elif now - missing.setdefault(j.job_id, now) >= MISSING_GRACE:
+            orphans.append(j.job_id)
     for job_id in orphans:
         log.warning("slurm no longer runs this job: tearing down", job_id=job_id,
                     slurm_state=states.get(job_id, "gone"))  # fmt: skip
         await engine.handle(Request("teardown", {"job_id": job_id, "hurry": True}))
+        missing.pop(job_id, None)
     return orphans
 
 
@@ -80,10 +96,11 @@ async def forever(engine: Engine) -> None:
     interval = engine.config.reconcile_interval
     if interval <= 0:
         return
+    missing: dict[str, float] = {}
     while True:
         await asyncio.sleep(interval)
         try:
-            await once(engine)
+            await once(engine, missing)
             await engine.purge_expired()
         except Exception:
             log.exception("reconcile failed")
