@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
+import http.server
+import json
 import random
 import socket
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -182,3 +186,74 @@ def test_command_line(s3: S3Env) -> None:  # noqa: F811
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("export AWS_ENDPOINT_URL=http://127.0.0.1:")
     assert "'faults': 0" in proc.stderr
+
+
+class _Echo(http.server.BaseHTTPRequestHandler):
+    """Upstream stand-in: answers with the request line, headers and body it received,
+    in a chunked response."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_PUT(self) -> None:
+        if "chunked" in self.headers.get("Transfer-Encoding", ""):
+            body = b""
+            while size := int(self.rfile.readline().strip(), 16):
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            self.rfile.readline()
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        echo = json.dumps(
+            {"line": self.requestline, "headers": self.headers.items(), "body": body.hex()}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i in range(0, len(echo), 1000):
+            part = echo[i : i + 1000]
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+        self.wfile.write(b"0\r\n\r\n")
+
+
+def test_chunked_bodies_and_exact_headers() -> None:
+    """Without RGW: a chunked request body arrives whole, headers (case, order, duplicates,
+    Host) unchanged, a chunked response comes back whole."""
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    thread = threading.Thread(target=upstream.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with FaultProxy(f"http://127.0.0.1:{upstream.server_address[1]}") as proxy:
+            conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+            body = payload(5, 700_000)
+            conn.putrequest(
+                "PUT", "/b/k%20x?partNumber=1&uploadId=u", skip_host=True, skip_accept_encoding=True
+            )
+            conn.putheader("Host", "s3.example:9000")
+            conn.putheader("X-Amz-Meta-A", "1")
+            conn.putheader("x-amz-meta-a", "2")
+            conn.putheader("Transfer-Encoding", "chunked")
+            conn.endheaders()
+            for i in range(0, len(body), 300_000):
+                part = body[i : i + 300_000]
+                conn.send(b"%x\r\n%s\r\n" % (len(part), part))
+            conn.send(b"0\r\n\r\n")
+            response = conn.getresponse()
+            echo = json.loads(response.read())
+            conn.close()
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
+    assert response.status == 200
+    assert echo["line"] == "PUT /b/k%20x?partNumber=1&uploadId=u HTTP/1.1"
+    assert bytes.fromhex(echo["body"]) == body
+    headers = [tuple(h) for h in echo["headers"]]
+    assert headers[:3] == [
+        ("Host", "s3.example:9000"),
+        ("X-Amz-Meta-A", "1"),
+        ("x-amz-meta-a", "2"),
+    ]
+    assert ("Transfer-Encoding", "chunked") in headers
+    assert proxy.stats.forwarded == proxy.stats.requests == 1
