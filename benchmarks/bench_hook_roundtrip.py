@@ -19,11 +19,8 @@ Usage: python3 benchmarks/bench_hook_roundtrip.py [--n-lua 2000] [--n-fresh 100]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import multiprocessing as mp
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -131,22 +128,12 @@ def bench_popen_python(sock: str, n: int, tmp: Path) -> list[float]:
 
 
 def environment() -> dict[str, str]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from bbstage.bench import environment as machine
+
     lua = subprocess.run(["lua5.1", "-v"], capture_output=True, text=True)
     return {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu,
-        "cpus": str(os.cpu_count()),
-        "kernel": platform.release(),
+        **machine(),
         "lua": " ".join((lua.stdout or lua.stderr).split()[:2]),
-        "python": platform.python_version(),
         "pyzmq": zmq.__version__,
         "libzmq": zmq.zmq_version(),
     }

@@ -27,9 +27,7 @@ Usage: python3 benchmarks/bench_job_process.py [--iterations 200] [--batches 31]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -88,19 +86,11 @@ def run_lua(parser: Path, hook: Path, script: Path, iterations: int, batches: in
 
 
 def environment() -> dict[str, str]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from bbstage.bench import environment as machine
+
     lua = subprocess.run(["lua5.1", "-v"], capture_output=True, text=True)
     return {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu,
-        "kernel": platform.release(),
+        **machine(),
         "lua": (lua.stdout or lua.stderr).split("  ")[0].strip(),
         "hook": str(HOOK.relative_to(REPO)) if HOOK.exists() else "120-line dummy",
     }
