@@ -141,11 +141,15 @@ def main() -> int:
         }
         for case, r in results.items()
     }
+    # What slurmctld pays per call as installed: `bbstage install-lua` ships the modules
+    # precompiled (directives.luac), burst_buffer.lua is compiled from source, the script read.
     targets = {
         case: {
             "target_ms": TARGETS_MS[case],
+            "installed_total_ms": results[case]["ours_luac"]["total_ms"],
+            "source_total_ms": results[case]["ours"]["total_ms"],
             "module_ms": results[case]["ours"]["module_ms"],
-            "met": results[case]["ours"]["module_ms"] < TARGETS_MS[case],
+            "met": results[case]["ours_luac"]["total_ms"] < TARGETS_MS[case],
         }
         for case in results
     }
@@ -167,7 +171,8 @@ def main() -> int:
             )
     for case, t in targets.items():
         print(
-            f"{case}: module {t['module_ms']:.3f} ms (target < {t['target_ms']} ms: "
+            f"{case}: installed, whole call {t['installed_total_ms']:.3f} ms (target <"
+            f" {t['target_ms']} ms: "
             f"{'met' if t['met'] else 'NOT met'}); total ours/baseline "
             f"{ratios[case]['total_ours_over_baseline']:.2f}x, luac/baseline "
             f"{ratios[case]['total_luac_over_baseline']:.2f}x"

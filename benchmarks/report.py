@@ -165,8 +165,11 @@ def job_process(result: dict[str, Any], plots: bool) -> list[str]:
     for case in ("a", "b", "c"):
         t, q = result["targets"][case], result["ratios"][case]
         lines.append(
-            f"* {names[case]}: module (compile + parse) {t['module_ms']:.3f} ms vs target "
-            f"{t['target_ms']} ms — {'met' if t['met'] else 'NOT met'}; total ours/baseline "
+            f"* {names[case]}: whole call as installed (read the script, compile"
+            f" burst_buffer.lua, load directives.luac, parse) "
+            f"{t.get('installed_total_ms', t['module_ms']):.3f} ms vs target "
+            f"{t['target_ms']} ms — {'met' if t['met'] else 'NOT met'}"
+            f" (from source: {t.get('source_total_ms', 0):.3f} ms); total ours/baseline "
             f"{q['total_ours_over_baseline']:.2f}×, luac/baseline "
             f"{q['total_luac_over_baseline']:.2f}×, parse ours/baseline "
             f"{q['parse_ours_over_baseline']:.2f}×."
@@ -182,10 +185,11 @@ def job_process(result: dict[str, Any], plots: bool) -> list[str]:
         f"*compiling* Lua source: {a['ours']['load_ms']:.3f} ms for the "
         f"{size / 1024:.0f} KiB module",
         f"(≈{a['ours']['load_ms'] * 1e6 / size:.0f} ns/byte, the same rate as for",
-        "burst_buffer.lua itself), so the 0.3 ms target for (a) is only met with the module",
-        f"precompiled: {a['ours_luac']['module_ms']:.3f} ms (load {a['ours_luac']['load_ms']:.3f}"
-        f" + parse {a['ours_luac']['parse_ms']:.3f}). `dofile`/`loadfile` accept luac output",
-        "unchanged, so an install step can ship `directives.luac` built by the same Lua.",
+        "burst_buffer.lua itself). So `bbstage install-lua` ships the modules precompiled",
+        f"with luac5.1 and burst_buffer.lua loads them first: {a['ours_luac']['module_ms']:.3f}"
+        f" ms (load {a['ours_luac']['load_ms']:.3f} + parse {a['ours_luac']['parse_ms']:.3f});"
+        " the async-hook code lives in",
+        "`bbstage/hooks.lua`, which job_process never loads.",
         "",
     ]
     plt = _plots_ok(plots)
