@@ -98,3 +98,24 @@ def test_control_socket_is_root_only(staged: tuple[Daemon, int]) -> None:
     )  # fmt: skip
     assert out.stdout.startswith("rc=-1")
     assert "staging daemon not reachable" in out.stdout and "ermission denied" in out.stdout
+
+
+def test_status_watch_ends_when_staging_has_finished(staged: tuple[Daemon, int]) -> None:
+    d, _ = staged
+    out = d.cli("status", "201", "--watch", "--interval", "0.1", user="bbuser1")
+    assert out.returncode == 0, out.stderr
+    assert "job 201: staged_in" in out.stdout and "a.dat" in out.stdout
+
+
+def test_config_check(staged: tuple[Daemon, int]) -> None:
+    d, _ = staged
+    ok = d.cli("config", "check", "--slurm-conf-dir", str(d.etc))
+    assert ok.returncode == 0, ok.stdout
+    assert "hooks in" in ok.stdout and "match this config" in ok.stdout
+    (d.etc / "bbstage_site.lua").write_text("return {}\n")
+    stale = d.cli("config", "check", "--slurm-conf-dir", str(d.etc))
+    assert stale.returncode == 1 and "run bbstage install-lua" in stale.stdout
+    bad = d.config.with_name("bad.toml")
+    bad.write_text("[daemon]\ntransfer = 4\n")
+    typo = d.cli("--config", str(bad), "config", "check")
+    assert typo.returncode != 0 and "unknown key 'transfer'" in typo.stderr

@@ -254,3 +254,48 @@ def test_hook_rides_out_a_daemon_restart(area: Path) -> None:
         assert out.startswith("rc=0"), out
     finally:
         d2.stop()
+
+
+def test_symlink_swapped_in_during_the_copy_is_not_written_through(
+    daemon: Daemon, area: Path
+) -> None:
+    uid, gid = user_ids()
+    victim = area / "root-owned.conf"
+    victim.write_text("precious\n")
+    victim.chmod(0o644)
+    data = user_tree(tree(area / "data", 3000, 64 << 10), uid, gid)
+    dst = owned_dir(area / "mine", uid, gid) / "dst"
+    job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
+    u, g = str(uid), str(gid)
+    assert daemon.hook("slurm_bb_setup", "112", u, g, "(null)", "0", job)[0] == 0
+    assert daemon.hook("slurm_bb_data_in", "112", job, u, g, None)[0] == 0
+    wait_for(lambda: dst.exists() and len(os.listdir(dst)) >= 5)
+    last = dst / "f02999"  # not copied yet: the attacker plants a link under its name
+    os.symlink(victim, last)
+    os.chown(last, uid, gid, follow_symlinks=False)
+    wait_for(lambda: daemon.hook("slurm_bb_test_data_in", "112", job, u, g, None)[1] != "BUSY")
+    assert victim.read_text() == "precious\n"
+    assert not last.is_symlink() and sha(last) == sha(data / "f02999")
+
+
+def test_pool_accounting_returns_after_a_failed_job(daemon: Daemon, area: Path) -> None:
+    uid, gid = user_ids()
+    big = area / "big.dat"
+    big.write_bytes(os.urandom(3 << 20))
+    user_tree(big, uid, gid)
+
+    def reserved() -> int:
+        return json.loads(daemon.cli("pools", "--json").stdout)["scratch"]["reserved"]
+
+    before = reserved()
+    job = script(area / "job.sh", f"stage_in source={big} destination=$BB_SCRATCH/big.dat")
+    assert (
+        daemon.hook("slurm_bb_setup", "113", str(uid), str(gid), "scratch", str(2 << 20), job)[0]
+        == 0
+    )
+    assert reserved() == before + (2 << 20)
+    rc, message = daemon.hook("slurm_bb_data_in", "113", job)
+    assert rc != 0 and "does not fit in $BB_SCRATCH" in message
+    assert daemon.hook("slurm_bb_job_teardown", "113", job, "true")[0] == 0
+    assert reserved() == before
+    assert not (area / "daemon" / "scratch" / "113").exists()
