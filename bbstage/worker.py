@@ -63,6 +63,26 @@ class _Reporter:
         self.send("progress", self.bytes, self.files)
 
 
+def spec_for(source: str, destination: str, **fields: Any) -> dict[str, Any]:
+    """A transfer spec for two locations, their kinds told by their form (``s3://`` or a
+    path), a trailing ``/`` meaning a tree: what ``Engine._spec`` builds from a directive.
+    ``fields`` add to or override the result (``job_id``, ``glob``, ``extra``, options)."""
+
+    def kind(location: str) -> str:
+        return "s3" if location.startswith("s3://") else "posix"
+
+    return {
+        "job_id": "0",
+        "source": source,
+        "destination": destination,
+        "source_kind": kind(source),
+        "destination_kind": kind(destination),
+        "tree": source.endswith("/"),
+        "glob": False,
+        **fields,
+    }
+
+
 def main(conn: Connection, spec: dict[str, Any], identity: Identity) -> None:
     """Process entry point: drop privileges, run the transfer, report, exit."""
     cancel = threading.Event()

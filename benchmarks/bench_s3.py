@@ -83,19 +83,10 @@ class Bench:
 
     # -- bbstage --------------------------------------------------------------------------
     def ours(self, src: str, dst: str) -> None:
-        spec = {
-            "job_id": "bench",
-            "source": src,
-            "destination": dst,
-            "source_kind": "s3" if src.startswith("s3://") else "posix",
-            "destination_kind": "s3" if dst.startswith("s3://") else "posix",
-            "tree": src.endswith("/"),
-            "glob": False,
-            "extra": {
-                "s3": self.s3conf,
-                "credentials": {"key": self.keys.key, "secret": self.keys.secret},
-            },
-        }
+        credentials = {"key": self.keys.key, "secret": self.keys.secret}
+        spec = worker.spec_for(
+            src, dst, job_id="bench", extra={"s3": self.s3conf, "credentials": credentials}
+        )
         worker.run(spec, worker._Reporter(_Sink()), threading.Event())  # type: ignore[arg-type]
 
     # -- TransferManager ------------------------------------------------------------------

@@ -40,19 +40,15 @@ def stage(
 ) -> Conn:
     """Run a transfer as a worker does, with ``user``'s keys (the administrator-mapped path)."""
     keys = s3.keys(user)
-    spec = {
-        "job_id": "it",
-        "source": src,
-        "destination": dst,
-        "source_kind": "s3" if src.startswith("s3://") else "posix",
-        "destination_kind": "s3" if dst.startswith("s3://") else "posix",
-        "tree": src.endswith("/"),
-        "glob": False,
-        "extra": {
+    spec = worker.spec_for(
+        src,
+        dst,
+        job_id="it",
+        extra={
             "s3": {"endpoint_url": endpoint or s3.endpoint, **conf},
             "credentials": {"key": keys.key, "secret": keys.secret},
         },
-    }
+    )
     conn = Conn()
     worker.run(spec, worker._Reporter(conn), threading.Event())  # type: ignore[arg-type]
     return conn

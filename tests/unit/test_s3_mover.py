@@ -67,16 +67,9 @@ def extra(endpoint: str, **s3: Any) -> dict[str, Any]:
 def run(
     src: str, dst: str, endpoint: str, *, glob: bool = False, ex: dict | None = None, **s3: Any
 ) -> Conn:
-    spec = {
-        "job_id": "7",
-        "source": src,
-        "destination": dst,
-        "source_kind": "s3" if src.startswith("s3://") else "posix",
-        "destination_kind": "s3" if dst.startswith("s3://") else "posix",
-        "tree": src.endswith("/"),
-        "glob": glob,
-        "extra": ex if ex is not None else extra(endpoint, **s3),
-    }
+    spec = worker.spec_for(
+        src, dst, job_id="7", glob=glob, extra=ex if ex is not None else extra(endpoint, **s3)
+    )
     conn = Conn()
     worker.run(spec, worker._Reporter(conn), threading.Event())  # type: ignore[arg-type]
     return conn

@@ -21,16 +21,7 @@ class Conn:
 
 
 def spec(src: Path | str, dst: Path | str, **kw: Any) -> dict[str, Any]:
-    return {
-        "job_id": "7",
-        "source": str(src),
-        "destination": str(dst),
-        "source_kind": "posix",
-        "destination_kind": "posix",
-        "tree": str(src).endswith("/"),
-        "glob": False,
-        **kw,
-    }
+    return worker.spec_for(str(src), str(dst), job_id="7", **kw)
 
 
 def run(s: dict[str, Any]) -> Conn:
