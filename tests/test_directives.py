@@ -56,7 +56,7 @@ class LuaParser:
 @pytest.fixture(scope="module")
 def lua() -> Any:
     if LUA is None:
-        pytest.skip("lua5.1 not installed")
+        pytest.fail("lua5.1 not installed: scripts/local-cluster up (scripts/test) installs it")
     parser = LuaParser()
     yield parser
     parser.close()
