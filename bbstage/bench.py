@@ -16,7 +16,6 @@ fsyncs. Repetitions rotate the order of the contenders; the report gives medians
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import platform
@@ -35,6 +34,7 @@ from typing import Any
 
 from bbstage import movers, worker
 from bbstage.config import Config, parse_size
+from bbstage.movers import MoverOptions
 
 MB = 1_000_000  # throughput is reported in MB/s = 10^6 bytes per second
 PER_DIR = 1000  # generated files per directory
@@ -411,10 +411,70 @@ def bench(opts: Options) -> dict[str, Any]:
 
 
 def _bench_s3(opts: Options, src: Location, dst: Location) -> dict[str, Any]:
-    """S3 locations go through the S3 movers; no cp/rsync baseline applies."""
-    if importlib.util.find_spec("bbstage.movers.implementations.s3") is None:
-        raise BenchError("S3 locations need the S3 movers (bbstage/movers/implementations/s3.py)")
-    raise BenchError("bbstage bench does not support S3 locations yet; use two local directories")
+    """Upload (local → s3://) or download (s3:// → local) through the S3 movers.
+
+    The data set is generated in the local directory; a download first uploads it, untimed.
+    No cp/rsync baseline applies (benchmarks/bench_s3.py compares with boto3's).
+    """
+    if src.kind == dst.kind:
+        raise BenchError("one location must be a local directory and the other s3://bucket/prefix")
+    local, remote = (src, dst) if src.kind == "posix" else (dst, src)
+    if not os.path.isabs(local.text) or not os.path.isdir(local.text):
+        raise BenchError(f"{local.text}: give an existing local directory")
+    tag = f"bbstage-bench-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    local_root, remote_root = local.join(tag), remote.join(tag)
+    plan, upload = opts.plan, src.kind == "posix"
+    s3_mover = movers.get("posix", "s3")(
+        MoverOptions(extra={"s3": opts.config.s3, "profile": opts.profile})
+    )
+    try:
+        with _cleanup([local_root], opts.keep), _progress(opts.progress, plan) as bar:
+            bar.phase("generating")
+            data = generate(os.path.join(local_root, "src"), plan)
+            tree = data.endswith("/")
+            name = "data/" if tree else "data.bin"
+            remote_data = f"{remote_root}/{name}"
+            local_dst = os.path.join(local_root, "dst", name)
+
+            def spec(a: str, b: str) -> dict[str, Any]:
+                kinds = ("posix", "s3") if a == data else ("s3", "posix")
+                return make_spec(a, b, *kinds, opts.config, tree=tree, checksum=opts.checksum,
+                                 profile=opts.profile)  # fmt: skip
+
+            if not upload:
+                bar.phase("uploading the data set")
+                run_transfer(spec(data, remote_data), plan, None)
+            runs = []
+            for rep in range(opts.repeat):
+                if upload:
+                    s3_mover.remove(remote_data)
+                else:
+                    shutil.rmtree(os.path.join(local_root, "dst"), ignore_errors=True)
+                bar.phase(f"bbstage ({rep + 1}/{opts.repeat})")
+                transfer = spec(data, remote_data) if upload else spec(remote_data, local_dst)
+                runs.append(run_transfer(transfer, plan, bar.update))
+    finally:
+        if not opts.keep:
+            s3_mover.remove(remote_root)
+        s3_mover.close()
+    ours = _median_run(runs)
+    pair = ("posix", "s3") if upload else ("s3", "posix")
+    return {
+        "source": opts.source,
+        "destination": opts.destination,
+        "mover": movers.registry[pair],
+        "files": plan.files,
+        "file_size": plan.file_size,
+        "total_bytes": plan.total,
+        "checksum": opts.checksum,
+        "cache": "n/a",
+        "repeat": opts.repeat,
+        **_summary(runs),
+        "latency_ms": percentiles(ours.latencies),
+        "samples": [list(s) for s in ours.samples],
+        "baselines": {},
+        "environment": environment(),
+    }
 
 
 def _clear(work: str) -> None:

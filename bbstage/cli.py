@@ -155,7 +155,9 @@ def parser() -> argparse.ArgumentParser:
         help="time staging a generated data set (vs cp -r and rsync -a for POSIX)",
         description="Generate a data set under --source, stage it to --destination through "
         "the movers real jobs use, report MB/s, files/s and per-file latency; for POSIX "
-        "locations also time cp and rsync -a on the same data. Removes what it generated.",
+        "locations also time cp and rsync -a on the same data. One side may be "
+        "s3://bucket/prefix (with your own credentials); the data set is then made locally "
+        "(and uploaded first, untimed, to measure downloads). Removes what it generated.",
     )
     s.add_argument("--source", required=True, help="directory (or s3://bucket/prefix)")
     s.add_argument("--destination", required=True, help="directory (or s3://bucket/prefix)")

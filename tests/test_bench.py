@@ -13,6 +13,10 @@ import pytest
 
 from bbstage import bench, cli
 
+from .s3env import S3Env, s3
+
+__all__ = ["s3"]  # fixture
+
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = cli.main(["--config", "/nonexistent/bbstage.toml", "bench", *args])
@@ -145,3 +149,32 @@ def test_as_user_writes_as_that_user(capsys: pytest.CaptureFixture[str]) -> None
         assert code == 1 and "/root" in err
     finally:
         shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("direction", ["upload", "download"])
+def test_s3_locations_against_rgw(
+    s3: S3Env,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    direction: str,
+) -> None:
+    """`bbstage bench` through the S3 movers, with the caller's own credentials."""
+    bucket = s3.create_bucket()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.admin.key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.admin.secret)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    local, remote = tmp_path, f"s3://{bucket}/bench"
+    src, dst = (local, remote) if direction == "upload" else (remote, local)
+    code, out, err = run_cli(
+        capsys,
+        *("--source", str(src), "--destination", str(dst)),
+        *("--files", "40", "--file-size", "16K", "--repeat", "2", "--json"),
+    )
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["mover"] == ("s3:S3Upload" if direction == "upload" else "s3:S3Download")
+    assert r["files"] == 40 and r["mb_per_s"] > 0 and r["files_per_s"] > 0
+    assert r["baselines"] == {}
+    assert list(local.iterdir()) == []  # cleaned up, both sides
+    assert s3.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0

@@ -441,6 +441,13 @@ class _S3Mover(Mover):
     async def _copy_one(self, task: FileTask, progress: Progress) -> None:
         raise NotImplementedError
 
+    def remove(self, url: str) -> None:
+        """Delete ``url`` and everything under it (for tools that clean up what they wrote)."""
+        fs = self._filesystem()
+        keys = self._run(lambda: fs._find(url.removeprefix("s3://")))
+        if keys:
+            self._run(lambda: fs._rm(keys))
+
     def close(self) -> None:
         if self._client is not None and self._fs is not None:
             try:
