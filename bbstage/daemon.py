@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import signal
+import sys
+from pathlib import Path
 
 import structlog
 
@@ -23,8 +27,35 @@ def run(config: Config) -> int:
     return asyncio.run(_main(config))
 
 
+class AlreadyRunning(RuntimeError):
+    """Another daemon owns the state directory."""
+
+
+def lock_state_dir(state_dir: Path) -> int:
+    """Hold an exclusive lock on ``state_dir`` for the daemon's lifetime (released by the
+    kernel however the process ends): two daemons on one state would undo each other."""
+    fd = os.open(state_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise AlreadyRunning(
+            f"another bbstage daemon (pid {holder}) is using {state_dir}: stop it first"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 async def _main(config: Config) -> int:
     config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        lock_state_dir(config.state_dir)
+    except AlreadyRunning as exc:
+        log.error("not started", reason=str(exc))
+        print(f"bbstage daemon: {exc}", file=sys.stderr)
+        return 1
     store = Store(config.state_dir / "state.db")
     executor = TransferExecutor(config.transfers)
     engine = Engine(config, store, executor)

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -299,3 +300,14 @@ def test_pool_accounting_returns_after_a_failed_job(daemon: Daemon, area: Path) 
     assert daemon.hook("slurm_bb_job_teardown", "113", job, "true")[0] == 0
     assert reserved() == before
     assert not (area / "daemon" / "scratch" / "113").exists()
+
+
+def test_a_second_daemon_on_the_same_state_refuses_to_start(daemon: Daemon) -> None:
+    second = subprocess.run(
+        [sys.executable, "-m", "bbstage.cli", "--config", str(daemon.config), "daemon"],
+        capture_output=True, text=True, timeout=30, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert second.returncode == 1
+    assert f"another bbstage daemon (pid {daemon.proc.pid})" in second.stderr
+    assert daemon.proc.poll() is None  # the first one is untouched
