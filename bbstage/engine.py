@@ -86,10 +86,10 @@ class Engine:
         size = int(req.get("size") or parsed.get("capacity") or 0)
         path = None
         if pool is not None:
-            if size and size > self._free(pool.name):
+            free = max(0, pool.capacity - self.store.reserved().get(pool.name, 0))
+            if size and size > free:
                 return Reply.error(
-                    f"pool {pool.name} has {self._free(pool.name)} bytes free,"
-                    f" the job asks for capacity={size}"
+                    f"pool {pool.name} has {free} bytes free, the job asks for capacity={size}"
                 )
             path = str(scratch.create(pool, job_id, uid, gid))
         self.store.create_job(
@@ -313,14 +313,6 @@ class Engine:
             "extra": s3mover.spec_extra(self.config.s3, job.uid or 0, options.get("profile")),
             "scratch_limit": _scratch_limit(job, spec),
         }
-
-    def _free(self, pool_name: str) -> int:
-        pool = self.config.pool(pool_name)
-        assert pool is not None
-        used = sum(
-            j.size for j in self.store.jobs() if j.pool == pool_name and j.state not in FINISHED
-        )
-        return max(0, pool.capacity - used)
 
 
 def _outputs_at_risk(job: JobRow) -> bool:

@@ -85,11 +85,7 @@ def jobs_summary(jobs: list[JobRow]) -> list[dict[str, Any]]:
 
 
 def pools(engine: Engine) -> dict[str, dict[str, int]]:
-    reserved: dict[str, int] = {}
-    for job in engine.store.jobs():
-        if job.pool and job.state not in ("done", "failed", "cancelled"):
-            reserved[job.pool] = reserved.get(job.pool, 0) + job.size
-    return scratch.in_use(engine.config.pools, reserved)
+    return scratch.in_use(engine.config.pools, engine.store.reserved())
 
 
 def bbstat(engine: Engine, args: list[str], uid: str | None) -> str:

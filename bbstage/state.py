@@ -180,6 +180,15 @@ class Store:
         found = [j for j in (self.job(i) for i in ids) if j is not None]
         return [j for j in found if states is None or j.state in states]
 
+    def reserved(self) -> dict[str, int]:
+        """Pool name → capacity held by jobs not yet finished."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT pool, SUM(size) FROM jobs WHERE pool IS NOT NULL"
+                " AND state NOT IN ('done', 'failed', 'cancelled') GROUP BY pool"
+            ).fetchall()
+        return {pool: int(total) for pool, total in rows}
+
     def delete_job(self, job_id: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
