@@ -14,7 +14,6 @@ import pwd
 import signal
 import threading
 import time
-from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -25,6 +24,8 @@ from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
 RETRIES = 5
 BACKOFF_CAP = 8.0
 _REPORT_EVERY = 0.25
+READ_AHEAD_FILES = 2048
+READ_AHEAD_BYTES = 128 << 20
 
 
 class _Reporter:
@@ -134,7 +135,7 @@ def run(spec: dict[str, Any], reporter: _Reporter, cancel: threading.Event) -> N
         if spec.get("scratch_limit"):
             _check_capacity(tasks, **spec["scratch_limit"])
         reporter.send("plan", sum(t.size for t in tasks), sum(1 for t in tasks if t.kind == "file"))
-        _copy_all(mover, tasks, reporter, cancel, options.threads)
+        _copy_all(mover, tasks, reporter, cancel, mover.streams(tasks))
     finally:
         mover.close()
 
@@ -187,22 +188,28 @@ def _copy_all(
     threads: int,
 ) -> None:
     """Directories first (in order), then files and links: ``threads`` threads take them one
-    at a time from a shared queue, interleaved across directories (concurrent creates in one
-    directory wait on its lock); the first failure cancels the rest and is raised."""
+    at a time from a shared list, interleaved across directories (concurrent creates in one
+    directory wait on its lock), while one more thread has the mover read ahead of them
+    (``Mover.prefetch``); the first failure cancels the rest and is raised."""
     if getattr(mover, "copy_many", None) is not None:
         return _copy_batched(mover, tasks, reporter, cancel)
     for task in tasks:
         if task.kind == "dir":
             mover.copy(task, reporter, cancel)
-    queue = deque(_interleave([t for t in tasks if t.kind != "dir"]))
+    work = [t for t in tasks if t.kind != "dir"]
+    if threads > 1:
+        work = _interleave(work)
+    taken = itertools.count()  # next() on it is atomic: no lock, no future per file
+    cursor = [0]  # the index the copying threads have reached (read by the read-ahead)
     failures: list[BaseException] = []
 
     def drain() -> None:
         while not failures:
-            try:
-                task = queue.popleft()  # atomic: no lock, no future per file
-            except IndexError:
+            i = next(taken)
+            if i >= len(work):
                 return
+            cursor[0] = i
+            task = work[i]
             try:
                 started = time.perf_counter()
                 _with_retries(lambda t=task: mover.copy(t, reporter, cancel), cancel)
@@ -213,17 +220,48 @@ def _copy_all(
                 cancel.set()
                 return
 
-    workers = [
+    finished = threading.Event()
+    helpers = [
         threading.Thread(target=drain, name=f"file-{i}", daemon=True)
-        for i in range(min(max(1, threads), len(queue)) - 1)
+        for i in range(min(max(1, threads), len(work)) - 1)
     ]
-    for thread in workers:
+    if len(work) > 1 and type(mover).prefetch is not Mover.prefetch:
+        helpers.append(
+            threading.Thread(
+                target=_read_ahead,
+                args=(mover, work, cursor, finished),
+                name="read-ahead",
+                daemon=True,
+            )
+        )
+    for thread in helpers:
         thread.start()
-    drain()  # this thread is one of the workers
-    for thread in workers:
-        thread.join()
+    try:
+        drain()  # this thread is one of the workers
+    finally:
+        finished.set()
+        for thread in helpers:
+            thread.join()
     if failures:
         raise failures[0]
+
+
+def _read_ahead(
+    mover: Mover, work: list[FileTask], cursor: list[int], finished: threading.Event
+) -> None:
+    """Call ``mover.prefetch`` on each entry in copy order, at most ``READ_AHEAD_FILES``
+    entries and ``READ_AHEAD_BYTES`` ahead of the copying threads (the page cache must
+    still hold what was read when its copy comes)."""
+    offsets = list(itertools.accumulate((t.size for t in work), initial=0))
+    for i, task in enumerate(work):
+        while i - cursor[0] > READ_AHEAD_FILES or (
+            offsets[i] - offsets[cursor[0]] > READ_AHEAD_BYTES
+        ):
+            if finished.wait(0.002):
+                return
+        if finished.is_set():
+            return
+        mover.prefetch(task)
 
 
 def _interleave(tasks: list[FileTask]) -> list[FileTask]:

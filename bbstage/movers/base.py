@@ -99,6 +99,18 @@ class Mover(ABC):
     def current(self, task: FileTask) -> bool | None:
         """True if ``task.dst`` already holds this file (same size and mtime), None if absent."""
 
+    def streams(self, tasks: list[FileTask]) -> int:
+        """How many files to copy at once for this plan: ``options.threads`` unless the
+        mover knows better for its storage."""
+        return self.options.threads
+
+    def prefetch(self, task: FileTask) -> None:  # noqa: B027 - optional hook
+        """Start reading ``task``'s source ahead of its copy (a hint; errors are ignored).
+
+        The worker calls it from one thread, a bounded window ahead of the copying threads,
+        so that many small files' reads are in flight at once instead of one per thread.
+        """
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 

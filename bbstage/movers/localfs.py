@@ -112,8 +112,7 @@ def temp_name(dst: str, job_id: str) -> str:
     return os.path.join(head, f".{tail}.bbstage-{job_id}-{uuid.uuid4().hex[:8]}.part")
 
 
-@contextmanager
-def atomic_file(task: FileTask, job_id: str, progress: Progress) -> Iterator[int]:
+class atomic_file:  # noqa: N801 - used as a function: ``with atomic_file(...) as fd``
     """Yield a write fd on a fresh temporary file in ``task.dst``'s directory; put it in place
     (with the source's mode and mtime) only if the block completes; remove it otherwise.
 
@@ -121,34 +120,58 @@ def atomic_file(task: FileTask, job_id: str, progress: Progress) -> Iterator[int
     at the end: one directory operation per file instead of create + rename, and a killed
     worker leaves nothing behind. Elsewhere it is a named ``.part`` file (reported through
     ``progress.temp`` so a killed worker's leftovers can be removed) renamed into place.
+    (A class, not ``@contextmanager``: it runs once per file, and small files are many.)
     """
-    fd, tmp = _open_temp(task, job_id, progress)
-    try:
+
+    __slots__ = ("task", "job_id", "progress", "fd", "tmp")
+
+    def __init__(self, task: FileTask, job_id: str, progress: Progress) -> None:
+        self.task, self.job_id, self.progress = task, job_id, progress
+        self.fd, self.tmp = -1, None
+
+    def __enter__(self) -> int:
+        self.fd, self.tmp = _open_temp(self.task, self.job_id, self.progress)
+        return self.fd
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
         try:
-            yield fd
-            written = os.fstat(fd).st_size
-            if written != task.size:
-                raise TransferError(
-                    f"size mismatch: {task.dst} has {written} bytes, {task.src} has {task.size}",
-                    permanent=False,
-                )
-            if task.mode is not None:
-                os.fchmod(fd, task.mode)
-            if task.mtime_ns is not None:
-                os.utime(fd, ns=(task.mtime_ns, task.mtime_ns))
-            if tmp is None:
-                tmp = _link_into_place(fd, task, job_id, progress)
+            if exc is None:
+                self._commit()
+                return
+        except BaseException as failure:
+            exc = failure
         finally:
-            os.close(fd)
-        if tmp is not None:
-            os.rename(tmp, task.dst)
-    except BaseException as exc:
-        if tmp is not None:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+        if self.tmp is not None:
             with _quiet():
-                os.unlink(tmp)
+                os.unlink(self.tmp)
         if isinstance(exc, OSError):
-            raise os_error(exc, task.dst) from None
-        raise
+            raise os_error(exc, self.task.dst) from None
+        raise exc
+
+    def _commit(self) -> None:
+        task, fd = self.task, self.fd
+        written = os.fstat(fd).st_size
+        if written != task.size:
+            raise TransferError(
+                f"size mismatch: {task.dst} has {written} bytes, {task.src} has {task.size}",
+                permanent=False,
+            )
+        if task.mode is not None:
+            os.fchmod(fd, task.mode)
+        if task.mtime_ns is not None:
+            os.utime(fd, ns=(task.mtime_ns, task.mtime_ns))
+        if self.tmp is None:
+            self.tmp = _link_into_place(fd, task, self.job_id, self.progress)
+        os.close(fd)
+        self.fd = -1
+        if self.tmp is not None:
+            os.rename(self.tmp, task.dst)
+            self.tmp = None
 
 
 _FLAGS = os.O_RDWR | os.O_CLOEXEC

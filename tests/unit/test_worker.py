@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bbstage import worker
-from bbstage.movers import TransferError
+from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
 
 
 class Conn:
@@ -92,3 +92,39 @@ def test_scratch_capacity_is_enforced(tmp_path: Path) -> None:
     assert not (scratch / "big").exists()
     run(spec(tmp_path / "big", scratch / "big", scratch_limit={**limit, "capacity": 6000}))
     assert (scratch / "big").stat().st_size == 5000
+
+
+class Recording(Mover):
+    """Copies nothing; logs the order of its prefetch and copy calls."""
+
+    def __init__(self) -> None:
+        super().__init__(MoverOptions())
+        self.log: list[tuple[str, int]] = []
+
+    def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
+        return []
+
+    def current(self, task: FileTask) -> bool | None:
+        return None
+
+    def copy(self, task: FileTask, progress: Any, cancel: threading.Event) -> None:
+        self.log.append(("copy", int(task.src)))
+
+    def prefetch(self, task: FileTask) -> None:
+        self.log.append(("prefetch", int(task.src)))
+
+
+def test_read_ahead_covers_files_within_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker, "READ_AHEAD_FILES", 16)
+    mover = Recording()
+    tasks = [FileTask(str(i), f"/d/{i}", "file", 10) for i in range(300)]
+    reporter = worker._Reporter(Conn())  # type: ignore[arg-type]
+    worker._copy_all(mover, tasks, reporter, threading.Event(), threads=1)
+    assert [i for kind, i in mover.log if kind == "copy"] == list(range(300))
+    copying = -1
+    for kind, i in mover.log:
+        if kind == "copy":
+            copying = i
+        else:
+            assert i - copying <= 16 + 1, "read further ahead than its window"
+    assert len([i for kind, i in mover.log if kind == "prefetch"]) > 0

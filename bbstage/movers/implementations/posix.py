@@ -12,6 +12,7 @@ from bbstage.movers.base import Cancelled, FileTask, Mover, Progress, os_error
 from bbstage.movers.checksum import verify
 
 _STEP = 16 << 20  # bytes per copy_file_range call, and per progress report
+_PREFETCH_MAX = 1 << 20  # bigger files get the kernel's sequential readahead instead
 
 
 class PosixMover(Mover):
@@ -20,6 +21,35 @@ class PosixMover(Mover):
 
     def current(self, task: FileTask) -> bool | None:
         return localfs.current(task)
+
+    def streams(self, tasks: list[FileTask]) -> int:
+        """One stream when source and destination are both on local block devices: there
+        every create goes through one journal and parallel threads only contend (10,000
+        small files on ext4 ran 1.3x cp with 8 threads, 1.7x with one fed by ``prefetch``).
+        Network and parallel file systems (no block device: NFS, Lustre, GPFS, ...) hide
+        their round trips behind ``options.threads`` streams."""
+        first = next((t for t in tasks if t.kind == "file"), None)
+        if first is None or self.options.threads < 2:
+            return self.options.threads
+        if _on_block_device(first.src) and _on_block_device(os.path.dirname(first.dst)):
+            return 1
+        return self.options.threads
+
+    def prefetch(self, task: FileTask) -> None:
+        """Ask the kernel to read a small file now (``POSIX_FADV_WILLNEED`` does not wait):
+        with a cold cache this turns one read per file in turn into a deep, merged queue."""
+        if task.kind != "file" or task.size > _PREFETCH_MAX:
+            return
+        try:
+            fd = os.open(task.src, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def copy(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
         if task.kind == "dir":
@@ -63,6 +93,20 @@ class PosixMover(Mover):
                 for future in futures:
                     future.cancel()
                 raise
+
+
+def _on_block_device(path: str) -> bool:
+    """Is ``path`` (or its nearest existing parent) on a file system with a block device?"""
+    while True:
+        try:
+            return os.major(os.stat(path).st_dev) != 0
+        except FileNotFoundError:
+            parent = os.path.dirname(path)
+            if parent == path:
+                return False
+            path = parent
+        except OSError:
+            return False
 
 
 def _same_device(src: int, dst: int) -> bool:
