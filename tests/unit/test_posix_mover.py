@@ -139,3 +139,30 @@ def test_current_detects_an_already_staged_file(tmp_path: Path) -> None:
     assert mover.current(task) is None
     mover.copy(task, Sink(), threading.Event())
     assert mover.current(task) is True
+
+
+def test_one_stream_between_local_disks_all_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bbstage.movers.implementations import posix
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"x")
+    mover = PosixMover(MoverOptions(threads=8))
+    tasks = mover.plan(f"{tmp_path}/src/", f"{tmp_path}/new/dst/", tree=True, glob=False)
+    monkeypatch.setattr(posix, "_on_block_device", lambda path: True)
+    assert mover.streams(tasks) == 1
+    monkeypatch.setattr(
+        posix, "_on_block_device", lambda path: not path.startswith(str(tmp_path / "new"))
+    )
+    assert mover.streams(tasks) == 8  # e.g. staging onto NFS or Lustre
+
+
+def test_prefetch_is_only_a_hint(tmp_path: Path) -> None:
+    from bbstage.movers.base import FileTask
+
+    mover = PosixMover(MoverOptions())
+    (tmp_path / "f").write_bytes(b"x" * 100)
+    mover.prefetch(FileTask(str(tmp_path / "f"), str(tmp_path / "g"), "file", 100))
+    mover.prefetch(FileTask(str(tmp_path / "gone"), str(tmp_path / "g"), "file", 100))
+    assert not (tmp_path / "g").exists()
