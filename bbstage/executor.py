@@ -1,8 +1,14 @@
-"""Runs transfers in worker processes, one per transfer, each as the job's user.
+"""Runs transfers in worker processes, each as the job's user.
 
 ``TransferExecutor.submit`` is ``concurrent.futures``-style: it returns a Future that resolves
 to ``None`` on success or raises ``TransferError``; a distributed executor with the same two
 methods (``submit``, ``cancel``) can replace it.
+
+A worker process drops to one user's uid, gid and groups for good, then runs that user's
+transfers one at a time. After a transfer it waits, idle, for the next one of the same
+identity (a fresh process costs ~12 ms, more than a small transfer): a job array's tasks
+reuse it. It is retired after ``IDLE_RETIRE`` seconds idle (and exits by itself if the
+daemon goes away). A failed or cancelled transfer ends its worker.
 """
 
 from __future__ import annotations
@@ -11,8 +17,10 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 from bbstage import worker
@@ -21,6 +29,29 @@ from bbstage.movers import Cancelled, TransferError
 
 Event = tuple[Any, ...]
 KILL_AFTER = 1.5  # seconds between SIGTERM and SIGKILL on cancel
+IDLE_RETIRE = 10.0  # seconds an idle worker is kept for its user's next transfer
+
+
+@dataclass
+class _Worker:
+    """A worker process and the parent's end of its pipe."""
+
+    proc: Any  # multiprocessing Process
+    conn: Any  # multiprocessing Connection (duplex)
+    identity: Identity
+    idle_since: float = field(default_factory=time.monotonic)
+
+    def retire(self) -> None:
+        """Ask it to exit (it has no transfer) and reap it."""
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.conn.close()
+        self.proc.join(KILL_AFTER)
+        if self.proc.is_alive():
+            _signal(self.proc.pid, signal.SIGKILL)
+            self.proc.join(1)
 
 
 class TransferExecutor:
@@ -34,16 +65,24 @@ class TransferExecutor:
                 "bbstage.movers.implementations.s3",  # s3fs/aiobotocore: ~0.5 s to import
             ]
         )
+        self._max_workers = max_workers
         self._slots = threading.Semaphore(max_workers)
         self._lock = threading.Lock()
-        self._running: dict[str, Any] = {}  # key -> Process
+        self._running: dict[str, _Worker] = {}
+        self._idle: list[_Worker] = []
         self._cancelled: set[str] = set()
         self._submitted = 0
+        self._reaper: threading.Thread | None = None
 
     @property
     def running(self) -> int:
         """Transfers running in a worker process now."""
         return len(self._running)
+
+    @property
+    def idle(self) -> int:
+        """Worker processes waiting for their user's next transfer."""
+        return len(self._idle)
 
     @property
     def queued(self) -> int:
@@ -77,20 +116,24 @@ class TransferExecutor:
         """Stop a transfer: SIGTERM (the worker removes its partial files), SIGKILL if needed."""
         with self._lock:
             self._cancelled.add(key)
-            proc = self._running.get(key)
-        if proc is None or proc.pid is None:
+            running = self._running.get(key)
+        if running is None or running.proc.pid is None:
             return
-        _signal(proc.pid, signal.SIGTERM)
-        proc.join(KILL_AFTER)
-        if proc.is_alive():
-            _signal(proc.pid, signal.SIGKILL)
-            proc.join(1)
+        _signal(running.proc.pid, signal.SIGTERM)
+        running.proc.join(KILL_AFTER)
+        if running.proc.is_alive():
+            _signal(running.proc.pid, signal.SIGKILL)
+            running.proc.join(1)
 
     def shutdown(self) -> None:
+        """Cancel the running transfers and end the idle workers."""
         with self._lock:
             keys = list(self._running)
+            idle, self._idle = self._idle, []
         for key in keys:
             self.cancel(key)
+        for each in idle:
+            each.retire()
 
     def _guarded(self, *args: Any) -> None:
         """Run a transfer; whatever happens, its future gets an outcome."""
@@ -116,31 +159,34 @@ class TransferExecutor:
                 if key in self._cancelled:
                     future.set_exception(Cancelled())
                     return
-                parent, child = self._ctx.Pipe(duplex=False)
-                proc = self._ctx.Process(
-                    target=worker.main, args=(child, spec, identity), name=f"bbstage-{key}"
-                )
-                proc.start()
-                child.close()
-                self._running[key] = proc
+                current = self._take(identity)
+                self._running[key] = current
             try:
-                while True:
-                    try:
-                        event = parent.recv()
-                    except (EOFError, OSError):
-                        break
+                current.conn.send(spec)
+                while outcome is None:
+                    event = current.conn.recv()
                     if event[0] == "temp":
                         temps.append(event[1])
                     elif event[0] in ("done", "error"):
                         outcome = event
                     else:
                         on_event(event)
-                proc.join()
+            except (EOFError, OSError):
+                pass  # the worker died (killed on cancel, or crashed)
             finally:
-                parent.close()
                 with self._lock:
                     self._running.pop(key, None)
                     cancelled = key in self._cancelled
+                    reuse = outcome is not None and outcome[0] == "done" and not cancelled
+                    if reuse:
+                        current.idle_since = time.monotonic()
+                        self._idle.append(current)
+                        stale = self._stale()
+                        self._start_reaper()
+                    else:
+                        stale = [current]
+            for each in stale:
+                each.retire()
         if outcome is None or outcome[0] == "error":
             # Killed, crashed or failed: make sure no partial file is left behind.
             self._cleanup(temps, identity)
@@ -149,11 +195,56 @@ class TransferExecutor:
         elif cancelled:
             future.set_exception(Cancelled())
         elif outcome is None:
+            current.proc.join(1)
             future.set_exception(
-                TransferError(f"worker exited with code {proc.exitcode}", permanent=False)
+                TransferError(f"worker exited with code {current.proc.exitcode}", permanent=False)
             )
         else:
             future.set_exception(TransferError(outcome[1], permanent=outcome[2]))
+
+    def _take(self, identity: Identity) -> _Worker:
+        """An idle worker of this identity, or a new one (call with the lock held)."""
+        for i in range(len(self._idle) - 1, -1, -1):
+            each = self._idle[i]
+            if each.identity == identity and each.proc.is_alive():
+                del self._idle[i]
+                return each
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=worker.serve, args=(child, identity), name=f"bbstage-worker-{identity.uid}"
+        )
+        proc.start()
+        child.close()
+        return _Worker(proc, parent, identity)
+
+    def _stale(self) -> list[_Worker]:
+        """Take out the idle workers to retire: too old, or beyond ``max_workers`` of them
+        (call with the lock held)."""
+        now = time.monotonic()
+        keep = [w for w in self._idle if now - w.idle_since < IDLE_RETIRE]
+        stale = [w for w in self._idle if w not in keep]
+        if len(keep) > self._max_workers:
+            stale += keep[: len(keep) - self._max_workers]
+            keep = keep[len(keep) - self._max_workers :]
+        self._idle = keep
+        return stale
+
+    def _start_reaper(self) -> None:
+        """Retire idle workers as they age, while there are any (call with the lock held)."""
+        if self._reaper is None:
+            self._reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
+            self._reaper.start()
+
+    def _reap(self) -> None:
+        done = False
+        while not done:
+            time.sleep(1.0)
+            with self._lock:
+                stale = self._stale()
+                if not self._idle:
+                    self._reaper, done = None, True
+            for each in stale:
+                each.retire()
 
     def _cleanup(self, temps: list[str], identity: Identity) -> None:
         leftovers = [p for p in temps if os.path.lexists(p)]

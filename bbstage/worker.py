@@ -1,9 +1,10 @@
-"""One transfer, run in a worker process that has dropped to the job owner's identity.
+"""Transfers, run in a worker process that has dropped to the job owner's identity.
 
 The parent (``bbstage.executor``) sends a spec; the worker plans the copy, copies many files
 (or the chunks of one big file) concurrently, and reports events over a pipe:
 ``("plan", bytes, files)``, ``("progress", bytes, files)``, ``("temp", path)``, then one of
-``("done",)`` or ``("error", message, permanent)``.
+``("done",)`` or ``("error", message, permanent)``. Then it waits for the next spec of the
+same user (a new process costs more than a small transfer does).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
 RETRIES = 5
 BACKOFF_CAP = 8.0
 _REPORT_EVERY = 0.25
+IDLE_EXIT = 120.0  # a worker left idle this long exits (the executor retires it sooner)
 READ_AHEAD_FILES = 2048
 READ_AHEAD_BYTES = 128 << 20
 
@@ -84,14 +86,34 @@ def spec_for(source: str, destination: str, **fields: Any) -> dict[str, Any]:
     }
 
 
-def main(conn: Connection, spec: dict[str, Any], identity: Identity) -> None:
-    """Process entry point: drop privileges, run the transfer, report, exit."""
+def serve(conn: Connection, identity: Identity) -> None:
+    """Process entry point: drop privileges for good, then run the transfers the parent sends,
+    one at a time, until it sends ``None``, closes the pipe, or sends nothing for
+    ``IDLE_EXIT`` seconds. SIGTERM cancels the running transfer and ends the process."""
     cancel = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: cancel.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    reporter = _Reporter(conn)
     try:
         _become(identity)
+    except Exception as exc:
+        conn.send(("error", f"could not assume the job owner's identity: {exc}", True))
+        conn.close()
+        return
+    try:
+        while not cancel.is_set() and conn.poll(IDLE_EXIT):
+            spec = conn.recv()
+            if spec is None:
+                return
+            _transfer(spec, _Reporter(conn), cancel)
+    except (EOFError, OSError):
+        pass  # the parent went away
+    finally:
+        conn.close()
+
+
+def _transfer(spec: dict[str, Any], reporter: _Reporter, cancel: threading.Event) -> None:
+    """Run one transfer and send its outcome: ``("done",)`` or ``("error", message, permanent)``."""
+    try:
         run(spec, reporter, cancel)
         reporter.flush()
         reporter.send("done")
@@ -99,8 +121,6 @@ def main(conn: Connection, spec: dict[str, Any], identity: Identity) -> None:
         reporter.send("error", str(exc), exc.permanent)
     except Exception as exc:  # a bug: report it rather than die silently
         reporter.send("error", f"internal error: {type(exc).__name__}: {exc}", True)
-    finally:
-        conn.close()
 
 
 def _become(identity: Identity) -> None:

@@ -1,0 +1,118 @@
+"""The transfer executor: worker processes per identity, reused, retired, cancelled."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bbstage import executor as executor_module
+from bbstage.executor import TransferExecutor
+from bbstage.identity import Identity
+from bbstage.movers import Cancelled, TransferError
+from bbstage.worker import spec_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="workers drop from root to a user")
+
+NOBODY = Identity(65534, 65534, (65534,))
+DAEMON = Identity(1, 1, (1,))
+
+
+@pytest.fixture
+def area() -> Iterator[Path]:
+    """A directory every user may write (tmp_path is root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="bbstage-executor-", dir="/var/tmp"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def executor() -> Iterator[TransferExecutor]:
+    ex = TransferExecutor(4)
+    yield ex
+    ex.shutdown()
+
+
+def source(area: Path, name: str = "in", data: bytes = b"hello") -> Path:
+    path = area / name
+    path.write_bytes(data)
+    path.chmod(0o644)
+    return path
+
+
+def stage(ex: TransferExecutor, key: str, src: Path, dst: Path, who: Identity = NOBODY) -> None:
+    ex.submit(key, spec_for(str(src), str(dst)), who, lambda event: None).result(timeout=60)
+
+
+def test_a_users_worker_is_reused(area: Path, executor: TransferExecutor) -> None:
+    src = source(area)
+    stage(executor, "1:0", src, area / "out1")
+    assert executor.idle == 1
+    pid = executor._idle[0].proc.pid
+    stage(executor, "2:0", src, area / "out2")
+    assert executor.idle == 1 and executor._idle[0].proc.pid == pid
+    assert (area / "out2").read_bytes() == b"hello"
+    assert (area / "out2").stat().st_uid == NOBODY.uid
+
+
+def test_each_identity_has_its_own_worker(area: Path, executor: TransferExecutor) -> None:
+    src = source(area)
+    stage(executor, "1:0", src, area / "a")
+    stage(executor, "2:0", src, area / "b", DAEMON)
+    assert executor.idle == 2
+    assert (area / "a").stat().st_uid == NOBODY.uid
+    assert (area / "b").stat().st_uid == DAEMON.uid
+
+
+def test_a_failed_transfer_retires_its_worker(area: Path, executor: TransferExecutor) -> None:
+    with pytest.raises(TransferError, match="no such file or directory"):
+        stage(executor, "1:0", area / "missing", area / "out")
+    assert executor.idle == 0
+
+
+def test_idle_workers_are_retired(
+    area: Path, executor: TransferExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(executor_module, "IDLE_RETIRE", 0.2)
+    stage(executor, "1:0", source(area), area / "out")
+    proc = executor._idle[0].proc
+    deadline = time.monotonic() + 10
+    while executor.idle and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert executor.idle == 0
+    proc.join(5)
+    assert not proc.is_alive()
+
+
+def test_cancel_stops_the_transfer_and_its_worker(area: Path, executor: TransferExecutor) -> None:
+    big = area / "big"
+    with open(big, "wb") as f:
+        f.truncate(8 << 30)  # sparse: copying it still takes seconds
+    big.chmod(0o644)
+    events: list[tuple[object, ...]] = []
+    future = executor.submit("1:0", spec_for(str(big), str(area / "out")), NOBODY, events.append)
+    deadline = time.monotonic() + 30
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    executor.cancel("1:0")
+    with pytest.raises(Cancelled):
+        future.result(timeout=10)
+    assert time.monotonic() - started < 2
+    assert executor.idle == 0 and executor.running == 0
+    assert sorted(p.name for p in area.iterdir()) == ["big"]
+
+
+def test_shutdown_ends_idle_workers(area: Path) -> None:
+    ex = TransferExecutor(2)
+    stage(ex, "1:0", source(area), area / "out")
+    proc = ex._idle[0].proc
+    ex.shutdown()
+    proc.join(5)
+    assert not proc.is_alive() and ex.idle == 0
