@@ -159,12 +159,11 @@ class Engine:
     async def purge_expired(self) -> None:
         """Forget jobs finished longer than ``retention_days`` ago, and any scratch they kept."""
         cutoff = time.time() - self.config.retention_days * 86400
-        for job in self.store.jobs(FINISHED):
-            if job.updated < cutoff:
-                pool = self.config.pool(job.pool)
-                if pool is not None:
-                    await asyncio.to_thread(scratch.remove, pool, job.job_id)
-                self.store.delete_job(job.job_id)
+        for job_id, pool_name in self.store.finished_before(cutoff, FINISHED):
+            pool = self.config.pool(pool_name)
+            if pool is not None:
+                await asyncio.to_thread(scratch.remove, pool, job_id)
+            self.store.delete_job(job_id)
 
     async def get_status(self, req: Request) -> Reply:
         from bbstage import report  # noqa: PLC0415 - keeps the hot path small

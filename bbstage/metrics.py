@@ -49,10 +49,7 @@ class StateCollector(Collector):
         queued.add_metric([], self.engine.executor.queued)
         yield queued
         jobs = GaugeMetricFamily("bbstage_jobs", "Jobs known to the daemon", labels=["state"])
-        counts: dict[str, int] = {}
-        for job in self.engine.store.jobs():
-            counts[job.state] = counts.get(job.state, 0) + 1
-        for state, n in sorted(counts.items()):
+        for state, n in sorted(self.engine.store.counts().items()):
             jobs.add_metric([state], n)
         yield jobs
         capacity = GaugeMetricFamily(

@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS directives (
     started REAL, finished REAL,
     PRIMARY KEY (job_id, idx)
 );
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state);
 """
 
 
@@ -175,10 +176,43 @@ class Store:
         return job
 
     def jobs(self, states: tuple[str, ...] | None = None) -> list[JobRow]:
+        """Jobs (oldest first), only those in ``states`` if given: two queries in all (the
+        reconciler asks every few seconds, and finished jobs stay for ``retention_days``)."""
+        where, args = "", ()
+        if states is not None:
+            if not states:
+                return []
+            where, args = f" WHERE state IN ({','.join('?' * len(states))})", tuple(states)
         with self._lock:
-            ids = [r[0] for r in self._db.execute("SELECT job_id FROM jobs ORDER BY created")]
-        found = [j for j in (self.job(i) for i in ids) if j is not None]
-        return [j for j in found if states is None or j.state in states]
+            rows = self._db.execute(f"SELECT * FROM jobs{where} ORDER BY created", args)
+            jobs = {r["job_id"]: JobRow(**dict(r)) for r in rows}
+            if jobs:
+                for r in self._db.execute(
+                    "SELECT * FROM directives WHERE job_id IN"
+                    f" (SELECT job_id FROM jobs{where}) ORDER BY job_id, idx",
+                    args,
+                ):
+                    if r["job_id"] in jobs:
+                        jobs[r["job_id"]].directives.append(_directive(r))
+        return list(jobs.values())
+
+    def finished_before(
+        self, cutoff: float, states: tuple[str, ...]
+    ) -> list[tuple[str, str | None]]:
+        """(job id, pool) of the jobs in ``states`` last updated before ``cutoff``."""
+        marks = ",".join("?" * len(states))
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT job_id, pool FROM jobs WHERE state IN ({marks}) AND updated < ?",
+                (*states, cutoff),
+            ).fetchall()
+        return [(job_id, pool) for job_id, pool in rows]
+
+    def counts(self) -> dict[str, int]:
+        """Job state → number of jobs in it."""
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        return {state: int(n) for state, n in rows}
 
     def reserved(self) -> dict[str, int]:
         """Pool name → capacity held by jobs not yet finished."""

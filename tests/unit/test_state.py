@@ -1,0 +1,49 @@
+"""The state store: jobs and their directives, selected by state in a fixed number of queries."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from bbstage.state import Store
+
+
+def directive(index: int) -> dict[str, object]:
+    return {"index": index, "line": 2 + index, "verb": "stage_in", "source": f"/s{index}",
+            "destination": f"/d{index}"}  # fmt: skip
+
+
+def store_with_jobs(tmp_path: Path) -> Store:
+    store = Store(tmp_path / "state.db")
+    for n, state in enumerate(["setup", "running", "done", "failed", "running"]):
+        job_id = str(100 + n)
+        store.create_job(job_id, uid=1000, gid=1000, pool="scratch", size=0, scratch=None,
+                         directives=[directive(i) for i in range(n)])  # fmt: skip
+        store.set_job(job_id, state=state)
+    return store
+
+
+def test_jobs_by_state_with_their_directives(tmp_path: Path) -> None:
+    store = store_with_jobs(tmp_path)
+    running = store.jobs(("running",))
+    assert [j.job_id for j in running] == ["101", "104"]
+    assert [[d.idx for d in j.directives] for j in running] == [[0], [0, 1, 2, 3]]
+    assert [d.source for d in running[1].directives] == ["/s0", "/s1", "/s2", "/s3"]
+    assert [j.job_id for j in store.jobs()] == ["100", "101", "102", "103", "104"]
+    assert store.jobs(()) == []
+    assert store.jobs(("running",))[1].directives == store.job("104").directives  # type: ignore[union-attr]
+
+
+def test_counts(tmp_path: Path) -> None:
+    assert store_with_jobs(tmp_path).counts() == {"setup": 1, "running": 2, "done": 1, "failed": 1}
+
+
+def test_finished_before(tmp_path: Path) -> None:
+    store = store_with_jobs(tmp_path)
+    finished = ("done", "failed", "cancelled")
+    assert store.finished_before(time.time() - 60, finished) == []
+    later = time.time() + 1
+    assert sorted(store.finished_before(later, finished)) == [
+        ("102", "scratch"),
+        ("103", "scratch"),
+    ]
