@@ -263,10 +263,34 @@ def can_drop_caches() -> bool:
 
 
 def settle(cache: str) -> None:
-    """Before a timed copy: flush dirty data; drop the page cache when asked."""
+    """Before a timed copy: flush dirty data; drop the page cache when asked; then wait
+    for the disks to go idle (a removed destination's discards, the journal), so that no
+    copy pays for the one before it."""
     os.sync()
     if cache == "drop":
         DROP_CACHES.write_text("3\n")
+    wait_for_idle_disks()
+
+
+def wait_for_idle_disks(quiet: float = 0.3, limit: float = 10.0) -> None:
+    """Return once no block device has done any I/O for ``quiet`` seconds (or after ``limit``).
+    Uses the busy-time counters of /proc/diskstats; returns at once where it is unreadable."""
+
+    def busy() -> str | None:
+        try:
+            with open("/proc/diskstats") as f:
+                return " ".join(line.split()[12] for line in f if len(line.split()) > 12)
+        except OSError:
+            return None
+
+    deadline = time.monotonic() + limit
+    last = busy()
+    while last is not None and time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = busy()
+        if now == last:
+            return
+        last = now
 
 
 # -- the benchmark -------------------------------------------------------------------------
