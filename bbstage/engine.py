@@ -67,11 +67,17 @@ class Engine:
     # -- hooks --------------------------------------------------------------------------------
 
     async def setup(self, req: Request) -> Reply:
+        """Record the job and create its scratch space, then start staging in at once:
+        Slurm calls data_in right after setup, and finds the copy under way (or done)."""
         job_id = req.job_id
         job = self.store.job(job_id)
         if job is not None and job.state not in FINISHED:
             return Reply.ok()  # a re-run of setup: already done
-        return self._create(req, job_id)
+        reply = self._create(req, job_id)
+        job = self.store.job(job_id)
+        if reply.status == "ok" and job is not None:
+            self._begin(job, "stage_in")
+        return reply
 
     def _create(self, req: Request, job_id: str) -> Reply:
         parsed = directives.parse(req.get("script", ""))
@@ -189,18 +195,21 @@ class Engine:
 
     async def _stage(self, req: Request, verb: str) -> Reply:
         job = self._job(req)
-        staging, staged = _PHASE[verb]
         if job.state in FINISHED:
             return Reply.error(f"job {job.job_id} was already torn down ({job.state})")
-        if job.state != staged:
-            self.store.set_job(job.job_id, state=staging, error="")
-            job = self.store.job(job.job_id)
-            assert job is not None
-        futures = self._start_phase(job, verb)
+        futures = self._begin(job, verb)
         if req.get("wait", True):
             await asyncio.gather(*futures, return_exceptions=True)
             return self._test(job.job_id, verb)
         return Reply.ok()
+
+    def _begin(self, job: JobRow, verb: str) -> list[asyncio.Future[None]]:
+        """Enter the phase (unless it is already staged) and start or join its transfers."""
+        staging, staged = _PHASE[verb]
+        if job.state not in (staging, staged):
+            self.store.set_job(job.job_id, state=staging, error="")
+            job = self.store.job(job.job_id) or job
+        return self._start_phase(job, verb)
 
     def _start_phase(self, job: JobRow, verb: str) -> list[asyncio.Future[None]]:
         """Start (or join) every unfinished directive of one direction."""

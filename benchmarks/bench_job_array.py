@@ -114,7 +114,8 @@ local function timed(name, hook)
 		local out = { hook(...) }
 		local log = io.open(%(log)s, "a")
 		if log then
-			log:write(string.format("%%s %%s %%.6f\\n", name, tostring((...)), clock() - t0))
+			local job = tostring((...))
+			log:write(string.format("%%s %%s %%.6f %%.6f\\n", name, job, clock() - t0, t0))
 			log:close()
 		end
 		return unpack(out, 1, table.maxn(out))
@@ -229,7 +230,7 @@ def hook_times(log: Path) -> dict[str, dict[str, float]]:
     """{job id: {hook: seconds}} from the shim's log."""
     jobs: dict[str, dict[str, float]] = {}
     for line in log.read_text().splitlines() if log.exists() else []:
-        name, job, seconds = line.split()
+        name, job, seconds = line.split()[:3]
         hooks = jobs.setdefault(job, {})
         hooks[name] = hooks.get(name, 0.0) + float(seconds)
     return jobs
@@ -259,6 +260,11 @@ def main() -> int:
     ap.add_argument("--user", default="bbuser1")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per array")
     ap.add_argument("--no-doc", action="store_true", help="do not regenerate docs/performance.md")
+    ap.add_argument(
+        "--keep-logs",
+        metavar="DIR",
+        help="copy the shim's hook logs (name, job id, seconds, start) here",
+    )
     args = ap.parse_args()
 
     etc, config = cluster()
@@ -288,6 +294,9 @@ def main() -> int:
                     die(f"{staged} of {args.tasks} tasks staged their file out")
                 for f in (work / "out").iterdir():
                     f.unlink()
+                if args.keep_logs:
+                    os.makedirs(args.keep_logs, exist_ok=True)
+                    shutil.copy(log, args.keep_logs)
                 times = hook_times(log)
                 if len(times) != args.tasks:
                     die(f"{variant}: the timing shim logged {len(times)} of {args.tasks} tasks")

@@ -211,12 +211,13 @@ def test_status_is_private(daemon: Daemon, area: Path) -> None:
     job = script(area / "job.sh", f"stage_in source={area}/secret-name.dat destination=/tmp/x")
     daemon.hook("slurm_bb_setup", "109", str(uid), str(gid), "(null)", "0", job)
     mine = daemon.cli("status", "109", user="bbuser1")
-    assert mine.returncode == 0 and "secret-name.dat" in mine.stdout
+    # setup has started the stage-in (which will fail: no such file); the owner sees it all
+    assert mine.returncode in (0, 1) and "secret-name.dat" in mine.stdout
     other = daemon.cli("status", "109", user="bbuser2")
     assert other.returncode == 3
     assert "secret-name" not in other.stdout + other.stderr
     assert "no staging job of yours" in other.stderr
-    assert daemon.cli("status", "109").returncode == 0  # root sees everything
+    assert "secret-name.dat" in daemon.cli("status", "109").stdout  # root sees everything
 
 
 def test_failed_stage_out_keeps_scratch(daemon: Daemon, area: Path) -> None:
@@ -294,7 +295,8 @@ def test_pool_accounting_returns_after_a_failed_job(daemon: Daemon, area: Path) 
         daemon.hook("slurm_bb_setup", "113", str(uid), str(gid), "scratch", str(2 << 20), job)[0]
         == 0
     )
-    assert reserved() == before + (2 << 20)
+    # held until the stage-in setup started has failed (it may have by now)
+    assert reserved() in (before, before + (2 << 20))
     rc, message = daemon.hook("slurm_bb_data_in", "113", job)
     assert rc != 0 and "does not fit in $BB_SCRATCH" in message
     assert daemon.hook("slurm_bb_job_teardown", "113", job, "true")[0] == 0
