@@ -196,6 +196,8 @@ class Engine:
     async def _stage(self, req: Request, verb: str) -> Reply:
         job = self._job(req)
         if job.state in FINISHED:
+            if any(d.verb == verb and d.state in (FAILED, CANCELLED) for d in job.directives):
+                return self._test(job.job_id, verb)  # e.g. the stage-in setup started failed
             return Reply.error(f"job {job.job_id} was already torn down ({job.state})")
         futures = self._begin(job, verb)
         if req.get("wait", True):

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from multiprocessing import forkserver
 from typing import Any
 
 from bbstage import worker
@@ -65,6 +66,7 @@ class TransferExecutor:
                 "bbstage.movers.implementations.s3",  # s3fs/aiobotocore: ~0.5 s to import
             ]
         )
+        forkserver.ensure_running()  # now, not in the middle of the first job's setup
         self._max_workers = max_workers
         self._slots = threading.Semaphore(max_workers)
         self._lock = threading.Lock()
@@ -155,12 +157,10 @@ class TransferExecutor:
         temps: list[str] = []
         outcome: Event | None = None
         with self._slots:
-            with self._lock:
-                if key in self._cancelled:
-                    future.set_exception(Cancelled())
-                    return
-                current = self._take(identity)
-                self._running[key] = current
+            current = self._acquire(key, identity)
+            if current is None:
+                future.set_exception(Cancelled())
+                return
             try:
                 current.conn.send(spec)
                 while outcome is None:
@@ -202,13 +202,34 @@ class TransferExecutor:
         else:
             future.set_exception(TransferError(outcome[1], permanent=outcome[2]))
 
-    def _take(self, identity: Identity) -> _Worker:
-        """An idle worker of this identity, or a new one (call with the lock held)."""
+    def _acquire(self, key: str, identity: Identity) -> _Worker | None:
+        """A worker for this transfer, registered as running; None if it was cancelled
+        first. A new process starts outside the lock: that takes milliseconds, and
+        ``submit`` (on the daemon's event loop) must not wait for it."""
+        with self._lock:
+            if key in self._cancelled:
+                return None
+            found = self._take(identity)
+        if found is None:
+            found = self._spawn(identity)
+        with self._lock:
+            if key not in self._cancelled:
+                self._running[key] = found
+                return found
+        found.retire()
+        return None
+
+    def _take(self, identity: Identity) -> _Worker | None:
+        """An idle worker of this identity, if there is one (call with the lock held)."""
         for i in range(len(self._idle) - 1, -1, -1):
             each = self._idle[i]
             if each.identity == identity and each.proc.is_alive():
                 del self._idle[i]
                 return each
+        return None
+
+    def _spawn(self, identity: Identity) -> _Worker:
+        """A new worker process for this identity."""
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
             target=worker.serve, args=(child, identity), name=f"bbstage-worker-{identity.uid}"
