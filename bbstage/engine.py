@@ -67,15 +67,16 @@ class Engine:
     # -- hooks --------------------------------------------------------------------------------
 
     async def setup(self, req: Request) -> Reply:
-        """Record the job and create its scratch space, then start staging in at once:
-        Slurm calls data_in right after setup, and finds the copy under way (or done)."""
+        """Record the job and create its scratch space; with ``stage_in`` (the hooks send it
+        where data_in blocks, before 24.05) start staging in at once: Slurm calls data_in
+        right after setup, and finds the copy under way (or done)."""
         job_id = req.job_id
         job = self.store.job(job_id)
         if job is not None and job.state not in FINISHED:
             return Reply.ok()  # a re-run of setup: already done
         reply = self._create(req, job_id)
         job = self.store.job(job_id)
-        if reply.status == "ok" and job is not None:
+        if reply.status == "ok" and job is not None and req.get("stage_in") is True:
             self._begin(job, "stage_in")
         return reply
 

@@ -96,15 +96,16 @@ end
 
 --[[ Asynchronous hooks: one request to the daemon each. ]]
 
--- Create the job's record and scratch space (22.05 gives uid and gid only here).
-function slurm_bb_setup(job_id, uid, gid, pool, bb_size, job_script, job_info)
-	return forward("setup", 300, job_id, job_script, uid, gid, job_info,
-		{ pool = pool, size = bb_size })
-end
-
 -- Only 24.05+ polls test_data_in/out (and defines slurm.SLURM_BB_BUSY); 23.x already
 -- passes uid to data_in but takes its return as "staged", so a uid proves nothing.
 local function polled() return slurm.SLURM_BB_BUSY ~= nil end
+
+-- Create the job's record and scratch space (22.05 gives uid and gid only here). Where
+-- data_in blocks (before 24.05), the daemon starts staging in now: data_in comes next.
+function slurm_bb_setup(job_id, uid, gid, pool, bb_size, job_script, job_info)
+	return forward("setup", 300, job_id, job_script, uid, gid, job_info,
+		{ pool = pool, size = bb_size, stage_in = not polled() })
+end
 
 -- Stage in. Before 24.05: block until staged. 24.05+: start, then test_data_in polls.
 function slurm_bb_data_in(job_id, job_script, uid, gid, job_info)
