@@ -178,3 +178,12 @@ def test_s3_locations_against_rgw(
     assert r["baselines"] == {}
     assert list(local.iterdir()) == []  # cleaned up, both sides
     assert s3.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+def test_run_order_balances_ours_and_cp() -> None:
+    from bbstage.bench import run_order
+
+    orders = [run_order(["bbstage", "cp", "rsync"], rep) for rep in range(4)]
+    assert [o[0] for o in orders] == ["bbstage", "cp", "bbstage", "cp"]
+    assert all(o[-1] == "rsync" for o in orders)
+    assert run_order(["bbstage"], 1) == ["bbstage"]

@@ -66,15 +66,16 @@ def test_big_file_on_one_device_is_one_stream(
     from bbstage.movers.implementations import posix
 
     streams = []
-    real = posix._copy_range
-    monkeypatch.setattr(posix, "_copy_range", lambda *a: (streams.append(a[2]), real(*a)))
+    real = posix._copy_stream
+    monkeypatch.setattr(posix, "_copy_stream", lambda *a: (streams.append(a[2]), real(*a)))
+    monkeypatch.setattr(posix, "_copy_range", None)  # no chunks
     src = tmp_path / "big"
     src.write_bytes(os.urandom(3 * 1024 * 1024))
     copy_all(
         PosixMover(MoverOptions(threads=4, chunk_size=1024 * 1024)), str(src), str(tmp_path / "c")
     )
     assert (tmp_path / "c").read_bytes() == src.read_bytes()
-    assert streams == [0]
+    assert streams == [3 * 1024 * 1024]  # one stream, the whole file
 
 
 def test_tree_with_empty_dir_and_symlink(tmp_path: Path) -> None:

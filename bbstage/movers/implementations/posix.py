@@ -78,7 +78,7 @@ class PosixMover(Mover):
             # One stream. Parallel chunks pay off reading from a parallel or network file
             # system; within one device they only make the disk seek (a local ext4 copy
             # ran at half of cp's speed with 8 streams): there, copy like cp does.
-            _copy_range(src, dst, 0, size, progress, cancel)
+            _copy_stream(src, dst, size, progress, cancel)
             return
         os.ftruncate(dst, size)
         ranges = [(off, min(chunk, size - off)) for off in range(0, size, chunk)]
@@ -111,6 +111,29 @@ def _on_block_device(path: str) -> bool:
 
 def _same_device(src: int, dst: int) -> bool:
     return os.fstat(src).st_dev == os.fstat(dst).st_dev
+
+
+def _copy_stream(
+    src: int, dst: int, size: int, progress: Progress, cancel: threading.Event
+) -> None:
+    """Copy a whole file as ``cp`` does: ``copy_file_range`` on the file positions, asking
+    for all that is left (the kernel caps one call near 2 GiB). Few, large calls keep the
+    kernel's readahead going: 16 MiB calls copied a cold 4 GiB file at 0.6x cp's speed.
+    A cancel is seen between calls; the executor's SIGKILL bounds a long one."""
+    done = 0
+    while done < size:
+        if cancel.is_set():
+            raise Cancelled()
+        try:
+            n = os.copy_file_range(src, dst, size - done)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            return _copy_range(src, dst, done, size - done, progress, cancel)
+        if n == 0:  # source shrank under us
+            return
+        done += n
+        progress.add(n)
 
 
 def _copy_range(
