@@ -386,3 +386,12 @@ def test_worker_retries_transient_batch_failures(monkeypatch: pytest.MonkeyPatch
     conn = run("s3://b/", "/x/", "http://unused")
     assert calls == [["s3://b/a", "s3://b/b"], ["s3://b/b"]]
     assert ("plan", 2, 2) in conn.events
+
+
+def test_create_window_from_the_servers_date() -> None:
+    from bbstage.movers.implementations.s3 import _create_window
+
+    reply = {"ResponseMetadata": {"HTTPHeaders": {"date": "Sat, 21 Nov 2026 21:00:10 GMT"}}}
+    start, end = _create_window(reply, 3.0)  # type: ignore[misc]
+    assert end - start == 5.0 and end == 1_795_294_811.0
+    assert _create_window({}, 1.0) is None

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import configparser
+import email.utils
 import os
 import posixpath
 import pwd
 import re
 import stat
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -864,7 +866,10 @@ class S3Upload(_S3Mover):
         self, s3: Any, bucket: str, key: str, task: FileTask, fd: int, progress: _Counted
     ) -> None:
         step = max(self.settings.part_size, -(-task.size // 10_000))
-        upload_id = (await s3.create_multipart_upload(Bucket=bucket, Key=key))["UploadId"]
+        asked = time.monotonic()
+        created = await s3.create_multipart_upload(Bucket=bucket, Key=key)
+        upload_id = created["UploadId"]
+        window = _create_window(created, time.monotonic() - asked)
         slots = self._part_slots
         assert slots is not None
         etags: dict[int, str] = {}
@@ -905,6 +910,44 @@ class S3Upload(_S3Mover):
             except BaseException:
                 pass  # the bucket's lifecycle rule cleans up what we could not abort
             raise
+        finally:
+            await self._abort_lost_creates(s3, bucket, key, upload_id, window)
+
+    async def _abort_lost_creates(
+        self, s3: Any, bucket: str, key: str, ours: str, window: tuple[float, float] | None
+    ) -> None:
+        """A CreateMultipartUpload whose reply was lost is retried (by botocore), leaving
+        an upload nobody knows the id of: abort this key's other uploads that the server
+        began while our create call was under way (``window``, in the server's clock).
+        Best effort (the bucket's lifecycle rule is the backstop)."""
+        if window is None:
+            return
+        try:
+            page = await s3.list_multipart_uploads(Bucket=bucket, Prefix=key)
+            for upload in page.get("Uploads", []):
+                initiated = upload.get("Initiated")
+                if (
+                    upload.get("Key") == key
+                    and upload.get("UploadId") != ours
+                    and initiated is not None
+                    and window[0] <= initiated.timestamp() <= window[1]
+                ):
+                    await s3.abort_multipart_upload(
+                        Bucket=bucket, Key=key, UploadId=upload["UploadId"]
+                    )
+        except Exception:
+            pass
+
+
+def _create_window(reply: dict[str, Any], elapsed: float) -> tuple[float, float] | None:
+    """When, in the server's clock (its ``Date`` header, whole seconds), a create call that
+    took ``elapsed`` seconds with its retries may have begun uploads; None if unknown."""
+    date = reply.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        end = email.utils.parsedate_to_datetime(date).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return end - elapsed - 1, end + 1
 
 
 class _LocalError(Exception):
