@@ -75,9 +75,10 @@ class Engine:
         if job is not None and job.state not in FINISHED:
             return Reply.ok()  # a re-run of setup: already done
         reply = self._create(req, job_id)
-        job = self.store.job(job_id)
-        if reply.status == "ok" and job is not None and req.get("stage_in") is True:
-            self._begin(job, "stage_in")
+        if reply.status == "ok" and req.get("stage_in") is True:
+            job = self.store.job(job_id)
+            if job is not None:
+                self._begin(job, "stage_in")
         return reply
 
     def _create(self, req: Request, job_id: str) -> Reply:
@@ -207,7 +208,7 @@ class Engine:
         return Reply.ok()
 
     def _begin(self, job: JobRow, verb: str) -> list[asyncio.Future[None]]:
-        """Enter the phase (unless it is already staged) and start or join its transfers."""
+        """Enter the phase (unless the job is in it or past it) and start or join its transfers."""
         staging, staged = _PHASE[verb]
         if job.state not in (staging, staged):
             self.store.set_job(job.job_id, state=staging, error="")

@@ -194,8 +194,7 @@ class TransferExecutor:
             future.set_result(None)
         elif cancelled:
             future.set_exception(Cancelled())
-        elif outcome is None:
-            current.proc.join(1)
+        elif outcome is None:  # retired above: its exit code is known
             future.set_exception(
                 TransferError(f"worker exited with code {current.proc.exitcode}", permanent=False)
             )
