@@ -20,11 +20,20 @@ from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
 from bbstage.movers.implementations import s3 as s3mover
 from bbstage.protocol import Reply, Request
-from bbstage.state import CANCELLED, DONE, FAILED, PENDING, RUNNING, DirectiveRow, JobRow, Store
+from bbstage.state import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    FINISHED,
+    PENDING,
+    RUNNING,
+    DirectiveRow,
+    JobRow,
+    Store,
+)
 
 log = structlog.get_logger("bbstage.engine")
 
-FINISHED = ("done", "failed", "cancelled")
 _PHASE = {"stage_in": ("staging_in", "staged_in"), "stage_out": ("staging_out", "staged_out")}
 
 
@@ -46,14 +55,22 @@ class Engine:
         }
 
     async def handle(self, request: Request) -> Reply:
-        bound = log.bind(hook=request.op, job_id=request.get("job_id"))
-        # Which hooks carry the owner (all on 24.05+, setup only on 22.05) shows in the log.
-        bound.info("request", uid=request.get("uid"))
+        """Answer one hook; log one line for it: who asked (which hooks carry the owner:
+        all on 24.05+, setup only on 22.05), the verdict, and how long it took."""
+        started = time.perf_counter()
         try:
             reply = await self._ops[request.op](request)
         except (ValueError, IdentityError) as exc:
             reply = Reply.error(str(exc))
-        bound.info("reply", status=reply.status, message=reply.message)
+        log.info(
+            "hook",
+            hook=request.op,
+            job_id=request.get("job_id"),
+            uid=request.get("uid"),
+            status=reply.status,
+            message=reply.message,
+            ms=round((time.perf_counter() - started) * 1000, 2),
+        )
         metrics.HOOKS.labels(request.op, reply.status).inc()
         return reply
 
@@ -74,29 +91,30 @@ class Engine:
         job = self.store.job(job_id)
         if job is not None and job.state not in FINISHED:
             return Reply.ok()  # a re-run of setup: already done
-        reply = self._create(req, job_id)
-        if reply.status == "ok" and req.get("stage_in") is True:
-            job = self.store.job(job_id)
-            if job is not None:
-                self._begin(job, "stage_in")
-        return reply
+        if req.get("stage_in") is True:
+            self._start_phase(self._create(req, job_id, state="staging_in"), "stage_in")
+        else:
+            self._create(req, job_id)
+        return Reply.ok()
 
-    def _create(self, req: Request, job_id: str) -> Reply:
+    def _create(self, req: Request, job_id: str, state: str = "setup") -> JobRow:
+        """Record a new job (in ``state``) and create its scratch space; ValueError if the
+        script, the owner or the pool request is not acceptable."""
         parsed = directives.parse(req.get("script", ""))
         if parsed["errors"]:
-            return Reply.error("; ".join(e["message"] for e in parsed["errors"][:3]))
+            raise ValueError("; ".join(e["message"] for e in parsed["errors"][:3]))
         uid, gid = int(req.get("uid", -1)), int(req.get("gid", -1))
         Identity.of(uid, gid)  # refuse unknown users and root before creating anything
         wanted = _slurm_value(req.get("pool")) or parsed.get("pool")
         pool = self.config.pool(wanted)
         if wanted and pool is None:
-            return Reply.error(f"unknown pool {wanted!r}: see `bbstage pools`")
+            raise ValueError(f"unknown pool {wanted!r}: see `bbstage pools`")
         size = int(req.get("size") or parsed.get("capacity") or 0)
         path = None
         if pool is not None:
             free = max(0, pool.capacity - self.store.reserved().get(pool.name, 0))
             if size and size > free:
-                return Reply.error(
+                raise ValueError(
                     f"pool {pool.name} has {free} bytes free, the job asks for capacity={size}"
                 )
             path = str(scratch.create(pool, job_id, uid, gid))
@@ -108,9 +126,12 @@ class Engine:
             size=size,
             scratch=path,
             directives=parsed["directives"],
+            state=state,
         )
         log.info("job created", job_id=job_id, directives=len(parsed["directives"]))
-        return Reply.ok()
+        job = self.store.job(job_id)
+        assert job is not None
+        return job
 
     async def data_in(self, req: Request) -> Reply:
         return await self._stage(req, "stage_in")
@@ -188,11 +209,7 @@ class Engine:
                     f"job {req.job_id} is unknown to the staging daemon (its state was lost):"
                     " requeue the job"
                 )
-            reply = self._create(req, req.job_id)  # 24.05+ hooks carry uid and gid
-            if reply.status != "ok":
-                raise ValueError(reply.message)
-            job = self.store.job(req.job_id)
-            assert job is not None
+            job = self._create(req, req.job_id)  # 24.05+ hooks carry uid and gid
         return job
 
     async def _stage(self, req: Request, verb: str) -> Reply:
@@ -224,6 +241,8 @@ class Engine:
             if d.state == FAILED and (job.job_id, d.idx) not in self._active:
                 continue  # a recorded failure stands until teardown
             futures.append(self._start(job, d))
+        if not futures:
+            self._settle(self.store.job(job.job_id), verb)  # nothing (left) to move
         return futures
 
     def _start(self, job: JobRow, d: DirectiveRow) -> asyncio.Future[None]:
@@ -264,20 +283,16 @@ class Engine:
             state = CANCELLED if str(exc) == "cancelled" else FAILED
             self.store.set_directive(job_id, d.idx, state=state, error=str(exc), finished=now)
             log.warning("transfer failed", job_id=job_id, directive=d.idx, error=str(exc))
-        row = next((r for r in self._rows(job_id) if r.idx == d.idx), None)
+        job = self.store.job(job_id)
+        row = next((r for r in job.directives if r.idx == d.idx), None) if job else None
         if row is not None:
             direction = "in" if d.verb == "stage_in" else "out"
             elapsed = now - (row.started or now)
             metrics.transfer_finished(direction, state, elapsed, row.bytes_done, row.files_done)
-        self._settle(job_id, d.verb)
+        self._settle(job, d.verb)
 
-    def _rows(self, job_id: str) -> list[DirectiveRow]:
-        job = self.store.job(job_id)
-        return job.directives if job else []
-
-    def _settle(self, job_id: str, verb: str) -> None:
+    def _settle(self, job: JobRow | None, verb: str) -> None:
         """Move the job to ``staged_*`` or ``failed`` once a direction has finished."""
-        job = self.store.job(job_id)
         if job is None or job.state != _PHASE[verb][0]:
             return
         mine = [d for d in job.directives if d.verb == verb]
@@ -285,9 +300,9 @@ class Engine:
             return
         failed = [d for d in mine if d.state in (FAILED, CANCELLED)]
         if failed:
-            self.store.set_job(job_id, state="failed", error=_describe(failed[0]))
+            self.store.set_job(job.job_id, state="failed", error=_describe(failed[0]))
         else:
-            self.store.set_job(job_id, state=_PHASE[verb][1])
+            self.store.set_job(job.job_id, state=_PHASE[verb][1])
 
     def _test(self, job_id: str, verb: str) -> Reply:
         job = self.store.job(job_id)

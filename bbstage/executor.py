@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import forkserver
 from typing import Any
@@ -68,7 +68,10 @@ class TransferExecutor:
         )
         forkserver.ensure_running()  # now, not in the middle of the first job's setup
         self._max_workers = max_workers
-        self._slots = threading.Semaphore(max_workers)
+        # One thread per running transfer, kept for the next: a new thread costs the event
+        # loop a wait in submit, and queued transfers wait here for a free one.
+        self._threads = ThreadPoolExecutor(max_workers, thread_name_prefix="transfer")
+        self._closing = False
         self._lock = threading.Lock()
         self._running: dict[str, _Worker] = {}
         self._idle: list[_Worker] = []
@@ -104,10 +107,7 @@ class TransferExecutor:
             self._cancelled.discard(key)
             self._submitted += 1
         future.add_done_callback(self._done)
-        thread = threading.Thread(
-            target=self._guarded, args=(key, spec, identity, on_event, future), daemon=True
-        )
-        thread.start()
+        self._threads.submit(self._guarded, key, spec, identity, on_event, future)
         return future
 
     def _done(self, _future: Future[None]) -> None:
@@ -130,12 +130,14 @@ class TransferExecutor:
     def shutdown(self) -> None:
         """Cancel the running transfers and end the idle workers."""
         with self._lock:
+            self._closing = True  # queued transfers end as cancelled
             keys = list(self._running)
             idle, self._idle = self._idle, []
         for key in keys:
             self.cancel(key)
         for each in idle:
             each.retire()
+        self._threads.shutdown(wait=False)
 
     def _guarded(self, *args: Any) -> None:
         """Run a transfer; whatever happens, its future gets an outcome."""
@@ -156,37 +158,36 @@ class TransferExecutor:
     ) -> None:
         temps: list[str] = []
         outcome: Event | None = None
-        with self._slots:
-            current = self._acquire(key, identity)
-            if current is None:
-                future.set_exception(Cancelled())
-                return
-            try:
-                current.conn.send(spec)
-                while outcome is None:
-                    event = current.conn.recv()
-                    if event[0] == "temp":
-                        temps.append(event[1])
-                    elif event[0] in ("done", "error"):
-                        outcome = event
-                    else:
-                        on_event(event)
-            except (EOFError, OSError):
-                pass  # the worker died (killed on cancel, or crashed)
-            finally:
-                with self._lock:
-                    self._running.pop(key, None)
-                    cancelled = key in self._cancelled
-                    reuse = outcome is not None and outcome[0] == "done" and not cancelled
-                    if reuse:
-                        current.idle_since = time.monotonic()
-                        self._idle.append(current)
-                        stale = self._stale()
-                        self._start_reaper()
-                    else:
-                        stale = [current]
-            for each in stale:
-                each.retire()
+        current = self._acquire(key, identity)
+        if current is None:
+            future.set_exception(Cancelled())
+            return
+        try:
+            current.conn.send(spec)
+            while outcome is None:
+                event = current.conn.recv()
+                if event[0] == "temp":
+                    temps.append(event[1])
+                elif event[0] in ("done", "error"):
+                    outcome = event
+                else:
+                    on_event(event)
+        except (EOFError, OSError):
+            pass  # the worker died (killed on cancel, or crashed)
+        finally:
+            with self._lock:
+                self._running.pop(key, None)
+                cancelled = key in self._cancelled
+                reuse = outcome is not None and outcome[0] == "done" and not cancelled
+                if reuse:
+                    current.idle_since = time.monotonic()
+                    self._idle.append(current)
+                    stale = self._stale()
+                    self._start_reaper()
+                else:
+                    stale = [current]
+        for each in stale:
+            each.retire()
         if outcome is None or outcome[0] == "error":
             # Killed, crashed or failed: make sure no partial file is left behind.
             self._cleanup(temps, identity)
@@ -206,7 +207,7 @@ class TransferExecutor:
         first. A new process starts outside the lock: that takes milliseconds, and
         ``submit`` (on the daemon's event loop) must not wait for it."""
         with self._lock:
-            if key in self._cancelled:
+            if key in self._cancelled or self._closing:
                 return None
             found = self._take(identity)
         if found is None:

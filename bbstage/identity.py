@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import pwd
+import time
 from dataclasses import dataclass
+
+CACHE_SECONDS = 60.0  # how long a resolved identity is reused, as nscd would
+_cache: dict[tuple[int, int], tuple[float, Identity]] = {}
 
 
 class IdentityError(PermissionError):
@@ -19,14 +23,23 @@ class Identity:
 
     @classmethod
     def of(cls, uid: int, gid: int) -> Identity:
-        """Resolve supplementary groups from the user database, as a login would."""
+        """Resolve supplementary groups from the user database, as a login would (reused
+        for ``CACHE_SECONDS``: a job array asks for the same owner hundreds of times)."""
         if uid == 0:
             raise IdentityError("bbstage never stages data for root")
+        now = time.monotonic()
+        hit = _cache.get((uid, gid))
+        if hit is not None and now - hit[0] < CACHE_SECONDS:
+            return hit[1]
         try:
             name = pwd.getpwuid(uid).pw_name
         except KeyError:
             raise IdentityError(f"uid {uid} is not known to this host's user database") from None
-        return cls(uid, gid, tuple(sorted(set(os.getgrouplist(name, gid)))))
+        identity = cls(uid, gid, tuple(sorted(set(os.getgrouplist(name, gid)))))
+        if len(_cache) > 4096:
+            _cache.clear()
+        _cache[(uid, gid)] = (now, identity)
+        return identity
 
     def assume(self) -> None:
         """Drop every privilege for good (call in a worker process before touching data)."""

@@ -24,8 +24,12 @@ JOB_STATES = (
     "failed",
     "cancelled",
 )
+FINISHED = ("done", "failed", "cancelled")
+ACTIVE = tuple(s for s in JOB_STATES if s not in FINISHED)
 # Directive states.
 PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "failed", "cancelled"
+
+CHECKPOINT_EVERY = 1.0  # seconds
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -99,7 +103,25 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
+        # Checkpoints (which fsync) run in a thread of their own, never inside a commit.
+        self._db.execute("PRAGMA wal_autocheckpoint=0")
+        self._closed = threading.Event()
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint, args=(path,), name="checkpoint", daemon=True
+        )
+        self._checkpointer.start()
+
+    def _checkpoint(self, path: Path) -> None:
+        """Copy committed pages from the WAL into the database, every ``CHECKPOINT_EVERY``."""
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA busy_timeout=10000")
+        try:
+            while not self._closed.wait(CHECKPOINT_EVERY):
+                db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            db.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -114,7 +136,10 @@ class Store:
                 self._db.execute("COMMIT")
 
     def close(self) -> None:
+        self._closed.set()
+        self._checkpointer.join()
         with self._lock:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._db.close()
 
     # -- jobs -------------------------------------------------------------------------------
@@ -129,14 +154,15 @@ class Store:
         size: int,
         scratch: str | None,
         directives: list[dict[str, Any]],
+        state: str = "setup",
     ) -> None:
         """(Re)create a job and its directives; any earlier record of the job id is replaced."""
         now = time.time()
         with self._tx() as db:
             db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
             db.execute(
-                "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, 'setup', '', ?, ?)",
-                (job_id, uid, gid, pool, size, scratch, now, now),
+                "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?)",
+                (job_id, uid, gid, pool, size, scratch, state, now, now),
             )
             db.executemany(
                 "INSERT INTO directives (job_id, idx, line, verb, source, destination, spec)"
@@ -216,10 +242,12 @@ class Store:
 
     def reserved(self) -> dict[str, int]:
         """Pool name → capacity held by jobs not yet finished."""
+        marks = ",".join("?" * len(ACTIVE))
         with self._lock:
             rows = self._db.execute(
                 "SELECT pool, SUM(size) FROM jobs WHERE pool IS NOT NULL"
-                " AND state NOT IN ('done', 'failed', 'cancelled') GROUP BY pool"
+                f" AND state IN ({marks}) GROUP BY pool",  # by the index on state
+                ACTIVE,
             ).fetchall()
         return {pool: int(total) for pool, total in rows}
 

@@ -54,8 +54,8 @@ def test_hooks_carry_the_owner_and_24_11_submits_then_polls(
     assert len(os.listdir(workdir / "out")) == 300
 
     records = daemon_log(cluster, job)
-    requests = [r for r in records if r.get("event") == "request"]
-    replies = [(r["hook"], r["status"]) for r in records if r.get("event") == "reply"]
+    requests = [r for r in records if r.get("event") == "hook"]
+    replies = [(r["hook"], r["status"]) for r in requests]
     uid = pwd.getpwnam(USER).pw_uid
     owners = {r["hook"]: r.get("uid") for r in requests}
     if cluster.slurm == "22.05":
@@ -71,7 +71,7 @@ def test_hooks_carry_the_owner_and_24_11_submits_then_polls(
     # was polled (BUSY at least once) until ok; the same for stage-out.
     events = [(r.get("hook"), r.get("event"), r.get("status")) for r in records]
     first_done = events.index((None, "transfer done", None))
-    assert events.index(("data_in", "reply", "ok")) < first_done, events
+    assert events.index(("data_in", "hook", "ok")) < first_done, events
     for direction in ("in", "out"):
         polls = [s for h, s in replies if h == f"test_data_{direction}"]
         assert polls[-1] == "ok" and "busy" in polls, (direction, polls)
