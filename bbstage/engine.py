@@ -167,8 +167,11 @@ class Engine:
             return Reply.ok()
         hurry = req.get("hurry") in (True, "true")
         cancelled = [d for d in job.directives if d.state in (PENDING, RUNNING)]
-        if hurry:
+        if hurry and cancelled:
             await asyncio.gather(*(self._cancel(job.job_id, d.idx) for d in cancelled))
+            log.info(
+                "transfers cancelled", job_id=job.job_id, directives=[d.idx for d in cancelled]
+            )
         pool = self.config.pool(job.pool)
         if _outputs_at_risk(job):
             # Never delete results that did not reach their destination.
@@ -182,7 +185,6 @@ class Engine:
             if job.state not in FINISHED:
                 state = "cancelled" if hurry and job.state != "staged_out" else "done"
                 self.store.set_job(job.job_id, state=state)
-        log.info("teardown", job_id=job.job_id, hurry=hurry)
         return Reply.ok()
 
     async def purge_expired(self) -> None:
@@ -268,7 +270,7 @@ class Engine:
         future = asyncio.wrap_future(cf)
         future.add_done_callback(lambda f: self._finished(job.job_id, d, f))
         self._active[key] = future
-        log.info("transfer started", job_id=job.job_id, directive=d.idx, verb=d.verb)
+        log.debug("transfer started", job_id=job.job_id, directive=d.idx, verb=d.verb)
         return future
 
     def _finished(self, job_id: str, d: DirectiveRow, future: asyncio.Future[None]) -> None:

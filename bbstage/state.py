@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ ACTIVE = tuple(s for s in JOB_STATES if s not in FINISHED)
 PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "failed", "cancelled"
 
 CHECKPOINT_EVERY = 1.0  # seconds
+CACHE_JOBS = 10_000  # jobs kept in memory by Store.job
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -93,13 +94,18 @@ class JobRow:
 
 
 class Store:
-    """A thread-safe handle on the state database."""
+    """A thread-safe handle on the state database.
+
+    The daemon is its only writer (``daemon.lock``), so ``job`` answers from a copy of each
+    job it has read or written; every write replaces that copy with a new row object (never
+    changes one a caller holds)."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
+        self._cache: dict[str, JobRow] = {}
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
@@ -124,16 +130,25 @@ class Store:
             db.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, job_id: str) -> Iterator[sqlite3.Connection]:
+        """One transaction on ``job_id``; its body also updates the cached copy, which is
+        dropped if the transaction does not commit."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            else:
                 self._db.execute("COMMIT")
+            except BaseException:
+                self._cache.pop(job_id, None)
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def _update(self, job_id: str, **values: Any) -> None:
+        """Apply a change to the cached copy (inside ``_tx``, with the lock held)."""
+        cached = self._cache.get(job_id)
+        if cached is not None:
+            self._cache[job_id] = replace(cached, **values)
 
     def close(self) -> None:
         self._closed.set()
@@ -158,7 +173,8 @@ class Store:
     ) -> None:
         """(Re)create a job and its directives; any earlier record of the job id is replaced."""
         now = time.time()
-        with self._tx() as db:
+        with self._tx(job_id) as db:
+            self._cache.pop(job_id, None)
             db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
             db.execute(
                 "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?)",
@@ -184,11 +200,16 @@ class Store:
     def set_job(self, job_id: str, **values: Any) -> None:
         values["updated"] = time.time()
         cols = ", ".join(f"{k} = ?" for k in values)
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             db.execute(f"UPDATE jobs SET {cols} WHERE job_id = ?", (*values.values(), job_id))
+            self._update(job_id, **values)
 
     def job(self, job_id: str) -> JobRow | None:
+        """The job and its directives (a row object shared with other callers: read only)."""
         with self._lock:
+            job = self._cache.get(job_id)
+            if job is not None:
+                return job
             row = self._db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
             if row is None:
                 return None
@@ -199,6 +220,9 @@ class Store:
                     "SELECT * FROM directives WHERE job_id = ? ORDER BY idx", (job_id,)
                 )
             ]
+            if len(self._cache) >= CACHE_JOBS:
+                self._cache.clear()
+            self._cache[job_id] = job
         return job
 
     def jobs(self, states: tuple[str, ...] | None = None) -> list[JobRow]:
@@ -252,18 +276,23 @@ class Store:
         return {pool: int(total) for pool, total in rows}
 
     def delete_job(self, job_id: str) -> None:
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+            self._cache.pop(job_id, None)
 
     # -- directives -------------------------------------------------------------------------
 
     def set_directive(self, job_id: str, idx: int, **values: Any) -> None:
         cols = ", ".join(f"{k} = ?" for k in values)
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             db.execute(
                 f"UPDATE directives SET {cols} WHERE job_id = ? AND idx = ?",
                 (*values.values(), job_id, idx),
             )
+            cached = self._cache.get(job_id)
+            if cached is not None:
+                rows = [replace(d, **values) if d.idx == idx else d for d in cached.directives]
+                self._update(job_id, directives=rows)
 
 
 def _directive(row: sqlite3.Row) -> DirectiveRow:

@@ -36,7 +36,7 @@ class _Reporter:
     def __init__(self, conn: Connection) -> None:
         self._conn, self._lock = conn, threading.Lock()
         self.bytes = self.files = 0
-        self._last = 0.0
+        self._last = time.monotonic()  # the first report after _REPORT_EVERY
 
     def send(self, *event: Any) -> None:
         with self._lock:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
+
+import pytest
 
 from bbstage.state import Store
 
@@ -47,3 +50,30 @@ def test_finished_before(tmp_path: Path) -> None:
         ("102", "scratch"),
         ("103", "scratch"),
     ]
+
+
+def test_job_reads_its_writes_and_leaves_earlier_rows_alone(tmp_path: Path) -> None:
+    store = store_with_jobs(tmp_path)
+    before = store.job("104")
+    assert before is not None and before is store.job("104")  # answered from memory
+    store.set_job("104", state="staging_out")
+    store.set_directive("104", 2, state="done", bytes_done=7)
+    after = store.job("104")
+    assert after is not None and after.state == "staging_out"
+    assert [(d.state, d.bytes_done) for d in after.directives][1:3] == [("pending", 0), ("done", 7)]
+    assert before.state == "running" and before.directives[2].state == "pending"
+    # What memory says is what the database says.
+    fresh = Store(tmp_path / "state.db").job("104")
+    assert fresh == after
+    store.delete_job("104")
+    assert store.job("104") is None
+
+
+def test_a_failed_write_drops_the_copy_in_memory(tmp_path: Path) -> None:
+    store = store_with_jobs(tmp_path)
+    assert store.job("101") is not None
+    with pytest.raises(sqlite3.Error):
+        store.set_job("101", no_such_column=1)
+    assert store.job("101") == Store(tmp_path / "state.db").job("101")
+    store.create_job("101", uid=1, gid=1, pool=None, size=0, scratch=None, directives=[])
+    assert store.job("101").state == "setup" and store.job("101").directives == []  # type: ignore[union-attr]
