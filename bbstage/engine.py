@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from bbstage import directives, metrics, scratch
+from bbstage import directives, metrics, scratch, staged
 from bbstage.config import Config
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
@@ -40,6 +40,8 @@ _PHASE = {"stage_in": ("staging_in", "staged_in"), "stage_out": ("staging_out", 
 class Engine:
     def __init__(self, config: Config, store: Store, executor: TransferExecutor) -> None:
         self.config, self.store, self.executor = config, store, executor
+        self._staged = staged.directory(config)
+        staged.prepare(self._staged)
         self._active: dict[tuple[str, int], asyncio.Future[None]] = {}
         self._ops: dict[str, Callable[[Request], Awaitable[Reply]]] = {
             "setup": self.setup,
@@ -118,6 +120,7 @@ class Engine:
                     f"pool {pool.name} has {free} bytes free, the job asks for capacity={size}"
                 )
             path = str(scratch.create(pool, job_id, uid, gid))
+        staged.unmark(self._staged, job_id)  # a verdict about an earlier run of this job id
         self.store.create_job(
             job_id,
             uid=uid,
@@ -162,6 +165,7 @@ class Engine:
         return Reply.ok()
 
     async def teardown(self, req: Request) -> Reply:
+        staged.unmark(self._staged, req.job_id)
         job = self.store.job(req.job_id)
         if job is None:
             return Reply.ok()
@@ -194,6 +198,7 @@ class Engine:
             pool = self.config.pool(pool_name)
             if pool is not None:
                 await asyncio.to_thread(scratch.remove, pool, job_id)
+            staged.unmark(self._staged, job_id)
             self.store.delete_job(job_id)
 
     async def get_status(self, req: Request) -> Reply:
@@ -305,6 +310,8 @@ class Engine:
             self.store.set_job(job.job_id, state="failed", error=_describe(failed[0]))
         else:
             self.store.set_job(job.job_id, state=_PHASE[verb][1])
+            if verb == "stage_in":
+                staged.mark(self._staged, job.job_id)
 
     def _test(self, job_id: str, verb: str) -> Reply:
         job = self.store.job(job_id)

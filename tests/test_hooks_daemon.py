@@ -115,6 +115,40 @@ def test_requests_are_idempotent(daemon: Daemon, area: Path) -> None:
     assert dst.stat().st_ino == first  # not copied again
 
 
+def test_a_finished_stage_in_is_answered_from_its_mark(area: Path) -> None:
+    """The daemon marks a finished stage-in; data_in and test_data_in then answer without
+    a round trip. A restart, teardown and a new setup of the job id take the mark away."""
+    d = start_daemon(area / "daemon")
+    uid, gid = user_ids()
+    u, g = str(uid), str(gid)
+    data = user_tree(tree(area / "data", 3, 1000), uid, gid)
+    job = script(area / "job.sh", f"stage_in source={data}/ destination=$BB_SCRATCH/in/")
+    marks = area / "daemon" / "run" / "staged"
+    assert d.hook("slurm_bb_setup", "110", u, g, "(null)", "0", job) == (0, "")
+    wait_for((marks / "110").exists)
+    assert marks.stat().st_uid == 0 and marks.stat().st_mode & 0o777 == 0o755
+    d.stop()
+    assert d.hook("slurm_bb_data_in", "110", job) == (0, "")  # no daemon to ask
+    assert d.hook("slurm_bb_test_data_in", "110", job, u, g, None) == (0, "")
+    rc, message = d.hook("slurm_bb_data_in", "111", job)
+    assert rc != 0 and "not reachable" in message
+    d = start_daemon(area / "daemon")
+    try:
+        assert not (marks / "110").exists()  # a restart vouches for nothing
+        assert d.hook("slurm_bb_data_in", "110", job) == (0, "")  # asked: done
+        assert d.hook("slurm_bb_job_teardown", "110", job, "false")[0] == 0
+        assert not (marks / "110").exists()
+        # A new setup of the job id drops a mark from an earlier run, whatever comes next.
+        (marks / "110").touch()
+        gone = script(area / "gone.sh", f"stage_in source={area}/missing destination={area}/x")
+        assert d.hook("slurm_bb_setup", "110", u, g, "(null)", "0", gone) == (0, "")
+        rc, message = d.hook("slurm_bb_data_in", "110", gone)
+        assert rc != 0 and "missing" in message, message
+        assert not (marks / "110").exists()
+    finally:
+        d.stop()
+
+
 def test_teardown_hurry_aborts_within_two_seconds(daemon: Daemon, area: Path) -> None:
     uid, gid = user_ids()
     data = user_tree(tree(area / "data", 4000, 256 << 10), uid, gid)
