@@ -70,11 +70,13 @@ async def _main(config: Config) -> int:
         loop.add_signal_handler(sig, stop.set)
     serving = asyncio.create_task(server.serve_forever())
     reconciling = asyncio.create_task(reconcile.forever(engine))
+    recording = asyncio.create_task(engine.record_progress())
     log.info("daemon started", pools=[p.name for p in config.pools])
     await stop.wait()
     log.info("daemon stopping")
     serving.cancel()
     reconciling.cancel()
+    recording.cancel()
     await server.close()
     # Transfers stop; their state stays "running" and resumes on the next start.
     await asyncio.to_thread(executor.shutdown)

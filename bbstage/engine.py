@@ -34,6 +34,7 @@ from bbstage.state import (
 
 log = structlog.get_logger("bbstage.engine")
 
+PROGRESS_EVERY = 1.0  # seconds between saves of the running transfers' progress
 _PHASE = {"stage_in": ("staging_in", "staged_in"), "stage_out": ("staging_out", "staged_out")}
 
 
@@ -43,6 +44,8 @@ class Engine:
         self._staged = staged.directory(config)
         staged.prepare(self._staged)
         self._active: dict[tuple[str, int], asyncio.Future[None]] = {}
+        # Running transfers' latest plan/progress counts, saved by record_progress.
+        self._counts: dict[tuple[str, int], dict[str, int]] = {}
         self._ops: dict[str, Callable[[Request], Awaitable[Reply]]] = {
             "setup": self.setup,
             "data_in": self.data_in,
@@ -191,6 +194,18 @@ class Engine:
                 self.store.set_job(job.job_id, state=state)
         return Reply.ok()
 
+    async def record_progress(self) -> None:
+        """Every ``PROGRESS_EVERY`` seconds, save the running transfers' counts (the worker
+        reports them several times a second; the last ones are saved as a transfer ends)."""
+        written: dict[tuple[str, int], dict[str, int]] = {}
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY)
+            for (job_id, idx), counts in list(self._counts.items()):
+                if written.get((job_id, idx)) is not counts:
+                    self.store.set_directive(job_id, idx, **counts)
+                    written[(job_id, idx)] = counts
+            written = {k: v for k, v in written.items() if k in self._counts}
+
     async def purge_expired(self) -> None:
         """Forget jobs finished longer than ``retention_days`` ago, and any scratch they kept."""
         cutoff = time.time() - self.config.retention_days * 86400
@@ -261,15 +276,12 @@ class Engine:
         spec = self._spec(job, d)
         self.store.set_directive(job.job_id, d.idx, state=RUNNING, error="", started=time.time())
 
-        def on_event(event: tuple[Any, ...]) -> None:
+        def on_event(event: tuple[Any, ...]) -> None:  # in the executor's thread
+            counts = self._counts.get(key, {})
             if event[0] == "plan":
-                self.store.set_directive(
-                    job.job_id, d.idx, bytes_total=event[1], files_total=event[2]
-                )
+                self._counts[key] = {**counts, "bytes_total": event[1], "files_total": event[2]}
             elif event[0] == "progress":
-                self.store.set_directive(
-                    job.job_id, d.idx, bytes_done=event[1], files_done=event[2]
-                )
+                self._counts[key] = {**counts, "bytes_done": event[1], "files_done": event[2]}
 
         cf = self.executor.submit(f"{job.job_id}:{d.idx}", spec, identity, on_event)
         future = asyncio.wrap_future(cf)
@@ -280,15 +292,18 @@ class Engine:
 
     def _finished(self, job_id: str, d: DirectiveRow, future: asyncio.Future[None]) -> None:
         self._active.pop((job_id, d.idx), None)
+        counts = self._counts.pop((job_id, d.idx), {})
         exc = None if future.cancelled() else future.exception()
         now = time.time()
         if exc is None:
             state = DONE
-            self.store.set_directive(job_id, d.idx, state=DONE, finished=now)
+            self.store.set_directive(job_id, d.idx, state=DONE, finished=now, **counts)
             log.info("transfer done", job_id=job_id, directive=d.idx)
         else:
             state = CANCELLED if str(exc) == "cancelled" else FAILED
-            self.store.set_directive(job_id, d.idx, state=state, error=str(exc), finished=now)
+            self.store.set_directive(
+                job_id, d.idx, state=state, error=str(exc), finished=now, **counts
+            )
             log.warning("transfer failed", job_id=job_id, directive=d.idx, error=str(exc))
         job = self.store.job(job_id)
         row = next((r for r in job.directives if r.idx == d.idx), None) if job else None
