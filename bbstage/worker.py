@@ -93,6 +93,10 @@ def serve(conn: Connection, identity: Identity) -> None:
     cancel = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: cancel.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getpriority(os.PRIO_PROCESS, 0) < 0:
+        # The daemon may run with a raised priority (Nice=-10) to answer hooks promptly;
+        # copying never outranks the node's normal work.
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
     try:
         _become(identity)
     except Exception as exc:

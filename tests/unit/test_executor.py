@@ -116,3 +116,33 @@ def test_shutdown_ends_idle_workers(area: Path) -> None:
     ex.shutdown()
     proc.join(5)
     assert not proc.is_alive() and ex.idle == 0
+
+
+def test_workers_copy_at_normal_priority_under_a_raised_daemon() -> None:
+    import multiprocessing
+
+    from bbstage import worker
+
+    parent, child = multiprocessing.Pipe(duplex=True)
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, -5)  # as under the unit's Nice=-10
+    try:
+        proc = multiprocessing.get_context("fork").Process(
+            target=worker.serve, args=(child, NOBODY)
+        )
+        proc.start()
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, before)
+    try:
+        deadline = time.monotonic() + 10
+        while _nice(proc.pid) != 0:  # type: ignore[arg-type]
+            assert time.monotonic() < deadline, _nice(proc.pid)  # type: ignore[arg-type]
+            time.sleep(0.01)
+    finally:
+        parent.send(None)
+        proc.join(10)
+
+
+def _nice(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[16])
