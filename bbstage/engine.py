@@ -97,7 +97,10 @@ class Engine:
         if job is not None and job.state not in FINISHED:
             return Reply.ok()  # a re-run of setup: already done
         if req.get("stage_in") is True:
-            self._start_phase(self._create(req, job_id, state="staging_in"), "stage_in")
+            job = self._create(req, job_id, state="staging_in")
+            # Right after this reply goes out: Slurm sets up a job array's tasks in bursts,
+            # and the next setup is waiting. (A restart resumes jobs in staging_in.)
+            asyncio.get_running_loop().call_soon(self._start_phase, job, "stage_in")
         else:
             self._create(req, job_id)
         return Reply.ok()
