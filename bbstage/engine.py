@@ -127,7 +127,7 @@ class Engine:
                 )
             path = str(scratch.create(pool, job_id, uid, gid))
         staged.unmark(self._staged, job_id)  # a verdict about an earlier run of this job id
-        self.store.create_job(
+        job = self.store.create_job(
             job_id,
             uid=uid,
             gid=gid,
@@ -137,9 +137,7 @@ class Engine:
             directives=parsed["directives"],
             state=state,
         )
-        log.info("job created", job_id=job_id, directives=len(parsed["directives"]))
-        job = self.store.job(job_id)
-        assert job is not None
+        log.info("job created", job_id=job_id, directives=len(job.directives))
         return job
 
     async def data_in(self, req: Request) -> Reply:

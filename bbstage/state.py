@@ -170,32 +170,31 @@ class Store:
         scratch: str | None,
         directives: list[dict[str, Any]],
         state: str = "setup",
-    ) -> None:
+    ) -> JobRow:
         """(Re)create a job and its directives; any earlier record of the job id is replaced."""
         now = time.time()
+        rows = [
+            DirectiveRow(job_id, d["index"], d["line"], d["verb"], d["source"], d["destination"], d)
+            for d in directives
+        ]
+        job = JobRow(job_id, uid, gid, pool, size, scratch, state, "", now, now, rows)
         with self._tx(job_id) as db:
             self._cache.pop(job_id, None)
             db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
             db.execute(
-                "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, '', ?, ?)",
-                (job_id, uid, gid, pool, size, scratch, state, now, now),
+                "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, uid, gid, pool, size, scratch, state, "", now, now),
             )
             db.executemany(
                 "INSERT INTO directives (job_id, idx, line, verb, source, destination, spec)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (
-                        job_id,
-                        d["index"],
-                        d["line"],
-                        d["verb"],
-                        d["source"],
-                        d["destination"],
-                        json.dumps(d),
-                    )
-                    for d in directives
+                    (job_id, d.idx, d.line, d.verb, d.source, d.destination, json.dumps(d.spec))
+                    for d in rows
                 ],
             )
+            self._cache[job_id] = job
+        return job
 
     def set_job(self, job_id: str, **values: Any) -> None:
         values["updated"] = time.time()

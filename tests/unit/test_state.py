@@ -77,3 +77,27 @@ def test_a_failed_write_drops_the_copy_in_memory(tmp_path: Path) -> None:
     assert store.job("101") == Store(tmp_path / "state.db").job("101")
     store.create_job("101", uid=1, gid=1, pool=None, size=0, scratch=None, directives=[])
     assert store.job("101").state == "setup" and store.job("101").directives == []  # type: ignore[union-attr]
+
+
+def test_a_created_job_in_memory_is_the_one_on_disk(tmp_path: Path) -> None:
+    from bbstage import directives
+
+    parsed = directives.parse(
+        "#!/bin/bash\n#BB_LUA pool=scratch capacity=1M\n"
+        "#BB_LUA stage_in source=/a/b destination=$BB_SCRATCH/b checksum=xxh3\n"
+        "#BB_LUA stage_out source=$BB_SCRATCH/out/ destination=s3://bucket/out/\n"
+    )
+    assert not parsed["errors"]
+    store = Store(tmp_path / "state.db")
+    made = store.create_job(
+        "7",
+        uid=1000,
+        gid=1000,
+        pool="scratch",
+        size=1 << 20,
+        scratch="/s/7",
+        directives=parsed["directives"],
+        state="staging_in",
+    )
+    assert made is store.job("7")
+    assert made == Store(tmp_path / "state.db").job("7")
