@@ -405,6 +405,12 @@ def job_array(result: dict[str, Any], plots: bool) -> list[str]:
         "down) is shown too, but Slurm starts staged tasks on its scheduler cycles",
         "(`bf_interval=1`), so it moves by seconds between identical runs.",
         "",
+        "Setup replies before it starts the stage-in, data_in answers from the daemon's",
+        "stage-in mark when the copy is done (see [protocol](protocol.md)), and the daemon",
+        "runs at `Nice=-10` as `daemon/bbstage.service` has it (the local cluster does the",
+        "same): Slurm sets up about ten tasks at once on this 2-CPU machine, and its own",
+        "processes compete for the CPU with the daemon's answers.",
+        "",
         "| variant | hook time per task (ms) | makespan (s) | makespan per task (ms) | runs |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
