@@ -116,10 +116,12 @@ class atomic_file:  # noqa: N801 - used as a function: ``with atomic_file(...) a
     """Yield a write fd on a fresh temporary file in ``task.dst``'s directory; put it in place
     (with the source's mode and mtime) only if the block completes; remove it otherwise.
 
-    Where the file system allows it the file is unnamed (``O_TMPFILE``) and linked into place
-    at the end: one directory operation per file instead of create + rename, and a killed
-    worker leaves nothing behind. Elsewhere it is a named ``.part`` file (reported through
-    ``progress.temp`` so a killed worker's leftovers can be removed) renamed into place.
+    A small file, where the file system allows it, is unnamed (``O_TMPFILE``) and linked into
+    place at the end: one directory operation per file instead of create + rename, and a
+    killed worker leaves nothing behind. Others are a named ``.part`` file (reported through
+    ``progress.temp`` so a killed worker's leftovers can be removed) renamed into place: on
+    ext4 a cold 4 GiB copy into an unnamed file took 6.1 s (median of 9 alternating runs)
+    against 4.9 s into a named one, and 4.9 s for cp.
     (A class, not ``@contextmanager``: it runs once per file, and small files are many.)
     """
 
@@ -174,6 +176,7 @@ class atomic_file:  # noqa: N801 - used as a function: ``with atomic_file(...) a
             self.tmp = None
 
 
+TMPFILE_MAX = 1 << 20  # larger files get a named temporary file (see atomic_file)
 _FLAGS = os.O_RDWR | os.O_CLOEXEC
 _NO_TMPFILE = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL}  # EISDIR: kernel without it
 _tmpfile = hasattr(os, "O_TMPFILE")
@@ -187,7 +190,7 @@ def _open_temp(task: FileTask, job_id: str, progress: Progress) -> tuple[int, st
     parent = os.path.dirname(task.dst)
     for attempt in range(2):
         try:
-            if _tmpfile and _proc_dir() is not None:
+            if _tmpfile and task.size < TMPFILE_MAX and _proc_dir() is not None:
                 try:
                     return os.open(parent, _FLAGS | os.O_TMPFILE, 0o600), None
                 except OSError as exc:

@@ -56,6 +56,16 @@ def test_new_file_in_a_new_directory(tmp_path: Path, mode: str) -> None:
     assert (sink.temps == []) == (mode == "tmpfile")  # unnamed files need no cleanup
 
 
+def test_big_files_get_a_named_temporary_file(tmp_path: Path) -> None:
+    data = b"x" * localfs.TMPFILE_MAX
+    dst = tmp_path / "big.bin"
+    sink = Sink()
+    write(task_for(tmp_path, data, dst), data, sink)
+    assert dst.read_bytes() == data
+    assert len(sink.temps) == 1 and ".bbstage-9-" in sink.temps[0]
+    assert not os.path.exists(sink.temps[0])
+
+
 def test_replaces_an_existing_file_atomically(tmp_path: Path, mode: str) -> None:
     dst = tmp_path / "out.bin"
     dst.write_bytes(b"old contents")
