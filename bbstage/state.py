@@ -179,7 +179,6 @@ class Store:
         ]
         job = JobRow(job_id, uid, gid, pool, size, scratch, state, "", now, now, rows)
         with self._tx(job_id) as db:
-            self._cache.pop(job_id, None)
             db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
             db.execute(
                 "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
