@@ -165,16 +165,15 @@ def run(spec: dict[str, Any], reporter: _Reporter, cancel: threading.Event) -> N
 
 
 def _select(mover: Mover, tasks: list[FileTask], overwrite: str) -> list[FileTask]:
-    """Drop what is already in place; refuse to replace files when ``overwrite=never``."""
+    """Drop what is already in place, and existing files the ``overwrite`` rule keeps:
+    ``never`` keeps every existing file, ``newer`` one at least as new as its source."""
     chosen = []
     for task in tasks:
         state = mover.current(task)
         if state is True:
             continue  # already staged (e.g. before a daemon restart)
         if state is False and task.kind == "file":
-            if overwrite == "never":
-                raise TransferError(f"destination exists and overwrite=never: {task.dst}")
-            if overwrite == "newer" and _dst_newer(task):
+            if overwrite == "never" or (overwrite == "newer" and mover.newer(task)):
                 continue
         chosen.append(task)
     return chosen
@@ -195,13 +194,6 @@ def _check_capacity(tasks: list[FileTask], path: str, capacity: int) -> None:
             f"does not fit in $BB_SCRATCH: needs {needed} bytes, {used} of capacity={capacity}"
             " are used; ask for a larger #BB_LUA capacity="
         )
-
-
-def _dst_newer(task: FileTask) -> bool:
-    try:
-        return os.stat(task.dst).st_mtime_ns >= (task.mtime_ns or 0)
-    except OSError:
-        return False
 
 
 def _copy_all(

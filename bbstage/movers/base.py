@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -97,7 +98,17 @@ class Mover(ABC):
 
     @abstractmethod
     def current(self, task: FileTask) -> bool | None:
-        """True if ``task.dst`` already holds this file (same size and mtime), None if absent."""
+        """True if ``task.dst`` already holds this file (never judged on size alone: size and
+        the source's mtime, as rsync's quick check), False if it holds something else, None
+        if it is absent. A True skips the copy (a resumed transfer does not copy again)."""
+
+    def newer(self, task: FileTask) -> bool:
+        """Is ``task.dst`` at least as new as the source (``overwrite=newer`` keeps it)?
+        Local destinations by their mtime; other backends override."""
+        try:
+            return os.stat(task.dst).st_mtime_ns >= (task.mtime_ns or 0)
+        except OSError:
+            return False
 
     def streams(self, tasks: list[FileTask]) -> int:
         """How many files to copy at once for this plan: ``options.threads`` unless the

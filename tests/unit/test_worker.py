@@ -47,12 +47,16 @@ def test_second_run_skips_what_is_staged(tmp_path: Path) -> None:
     assert ("plan", 0, 0) in conn.events
 
 
-def test_overwrite_never_refuses(tmp_path: Path) -> None:
+def test_overwrite_never_keeps_an_existing_file(tmp_path: Path) -> None:
+    """docs/directives.md: ``never`` keeps (skips) an existing destination file."""
     (tmp_path / "f").write_text("new")
     (tmp_path / "g").write_text("old!")
-    with pytest.raises(TransferError, match="overwrite=never"):
-        run(spec(tmp_path / "f", tmp_path / "g", overwrite="never"))
+    (tmp_path / "h").unlink(missing_ok=True)
+    conn = run(spec(tmp_path / "f", tmp_path / "g", overwrite="never"))
+    assert ("plan", 0, 0) in conn.events
     assert (tmp_path / "g").read_text() == "old!"
+    run(spec(tmp_path / "f", tmp_path / "h", overwrite="never"))
+    assert (tmp_path / "h").read_text() == "new"
 
 
 def test_transient_errors_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
