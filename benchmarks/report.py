@@ -222,13 +222,13 @@ def job_process(result: dict[str, Any], plots: bool) -> list[str]:
 
 
 def posix(result: dict[str, Any], plots: bool) -> list[str]:
-    from bbstage import bench
+    from bbstage.bench import human, plot
 
     env, cases = result["environment"], result["cases"]
     lines = [
         "## POSIX throughput (vs cp, rsync)",
         "",
-        "`benchmarks/bench_posix.py`, through the code of `bbstage bench` (`bbstage/bench.py`):",
+        "`benchmarks/bench_posix.py`, through the code of `bbstage bench` (`bbstage/bench/`):",
         "the data set is generated on the local disk, staged by `bbstage.worker.run` with the",
         "daemon's defaults (8 threads per transfer, 64 MiB chunks; the same planning, movers",
         "and atomic temp-file + rename writes as a job), and copied by `cp` / `cp -r` and",
@@ -260,7 +260,7 @@ def posix(result: dict[str, Any], plots: bool) -> list[str]:
         if c["files"] != (1 if name == "big" else 10_000) or (
             name == "big" and c["total_bytes"] != 4 << 30
         ):
-            label = f"{c['files']} × {bench._human(c['file_size'])}"
+            label = f"{c['files']} × {human(c['file_size'])}"
         lines.append(
             f"| {label} | **bbstage** | {c['mb_per_s']:.1f} | {_rate(c['files_per_s'])} | "
             f"{c['seconds']:.3f} | | {c['cache']} | {len(c['runs'])} |"
@@ -306,7 +306,7 @@ def posix(result: dict[str, Any], plots: bool) -> list[str]:
             if c is None or not c.get("samples"):
                 continue
             path = _img(f"perf-posix-{name}.png")
-            bench.plot(c, str(path), title=f"{labels[name]}: throughput over time (median run)")
+            plot(c, str(path), title=f"{labels[name]}: throughput over time (median run)")
             lines += [_link(path, f"{labels[name]} throughput over time"), ""]
     tools = env.get("tools", {})
     lines += [

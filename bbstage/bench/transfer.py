@@ -1,0 +1,114 @@
+"""Our contender: the transfer as a job would run it, through :func:`bbstage.worker.run` with
+a spec built like ``Engine._spec`` builds one (same planning, concurrency, movers, retries)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bbstage import worker
+from bbstage.bench.model import BenchError, Plan, Run
+from bbstage.config import Config
+from bbstage.movers import FileTask
+from bbstage.transfer import Planned
+
+SAMPLE_EVERY = 0.1  # seconds between throughput samples
+
+
+class BenchReporter:
+    """The worker's progress sink: counts bytes and files, times each file."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes = self.files = 0
+        self.planned: tuple[int, int] | None = None
+        self.latencies: list[float] = []
+        self.temps: list[str] = []
+
+    def send(self, event: Any) -> None:
+        if isinstance(event, Planned):
+            self.planned = (event.bytes, event.files)
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes += nbytes
+
+    def file_done(self, task: FileTask, seconds: float | None = None) -> None:
+        with self._lock:
+            self.files += 1
+            if seconds is not None:
+                self.latencies.append(seconds)
+
+    def temp(self, path: str) -> None:
+        self.temps.append(path)
+
+    def flush(self) -> None:
+        pass
+
+
+def make_spec(
+    source: str,
+    destination: str,
+    source_kind: str,
+    destination_kind: str,
+    config: Config,
+    *,
+    tree: bool,
+    checksum: str = "none",
+    profile: str | None = None,
+) -> dict[str, Any]:
+    """A transfer spec as ``Engine._spec`` builds it for a directive."""
+    return {
+        "job_id": f"bench-{os.getpid()}",
+        "source": source,
+        "destination": destination,
+        "source_kind": source_kind,
+        "destination_kind": destination_kind,
+        "tree": tree,
+        "glob": False,
+        "checksum": checksum,
+        "overwrite": "always",
+        "threads": config.threads_per_transfer,
+        "chunk_size": config.chunk_size,
+        "extra": {"s3": config.s3, "profile": profile},
+    }
+
+
+def run_transfer(spec: dict[str, Any], expect: Plan, show: Callable[..., Any] | None) -> Run:
+    """Run ``worker.run(spec)`` in a thread, sampling progress every SAMPLE_EVERY seconds."""
+    reporter, cancel = BenchReporter(), threading.Event()
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run(spec, reporter, cancel)
+        except BaseException as exc:  # reported below, in the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name="bench-transfer", daemon=True)
+    samples: list[tuple[float, int, int]] = [(0.0, 0, 0)]
+    start = time.perf_counter()
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(SAMPLE_EVERY)
+            samples.append((time.perf_counter() - start, reporter.bytes, reporter.files))
+            if show:
+                show(reporter.bytes, reporter.files)
+    except KeyboardInterrupt:
+        cancel.set()
+        thread.join()
+        raise
+    seconds = time.perf_counter() - start
+    samples[-1] = (seconds, reporter.bytes, reporter.files)
+    if failure:
+        raise failure[0]
+    if reporter.files != expect.files or reporter.bytes != expect.total:
+        raise BenchError(
+            f"the transfer copied {reporter.files} files / {reporter.bytes} bytes, "
+            f"expected {expect.files} / {expect.total}"
+        )
+    return Run(seconds, reporter.bytes, reporter.files, reporter.latencies, samples)
