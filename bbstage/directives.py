@@ -87,6 +87,10 @@ MESSAGES: dict[str, str] = {
         'bad S3 bucket in %s "%s": bucket names have 3-63 characters a-z 0-9 . - and '
         "start and end with a letter or digit"
     ),
+    "non-utf8": (
+        'byte 0x%02x in %s "%s" is not UTF-8 and S3 keys are UTF-8 text: save the script as '
+        "UTF-8 (iconv -f LATIN1 -t UTF-8) or rename the key"
+    ),
     "relative-path": (
         'relative path "%s" in %s: use an absolute path, $BB_SCRATCH/..., or s3://bucket/key'
     ),
@@ -135,6 +139,7 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]*[a-z0-9]")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _SIZE = re.compile(r"([0-9]+)([KMGTPkmgtp]?)")
 _GLOB = re.compile(r"[*?\[]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a byte that is not UTF-8 (surrogateescape)
 _WS = " \t"
 
 
@@ -329,6 +334,10 @@ def _location(v: str, role: str, verb: str) -> tuple[str, bool, bool]:
         if not (3 <= len(bucket) <= 63 and _BUCKET.fullmatch(bucket)):
             raise _Fail("bad-bucket", role, v)
         kind, path = "s3", v[slash:]
+        bad = _SURROGATE.search(v)
+        if bad:  # U+DC80+byte; another surrogate came from a JSON escape: its UTF-8 starts 0xed
+            c = ord(bad.group())
+            raise _Fail("non-utf8", c - 0xDC00 if 0xDC80 <= c <= 0xDCFF else 0xED, role, v)
     if "/../" in path + "/":
         raise _Fail("dot-dot", role, v)
     if "$" in path:

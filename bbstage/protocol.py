@@ -69,11 +69,40 @@ class Reply:
         return cls(ERROR, message)
 
 
-def decode_request(data: bytes, allowed: frozenset[str]) -> Request:
-    """Parse one request frame (or line) and check its op against ``allowed``."""
+def from_bytes(data: bytes) -> str:
+    """Bytes as text the bbstage way (docs/protocol.md "Bytes"): UTF-8, and every byte that is
+    not part of a valid UTF-8 sequence as the lone surrogate U+DC80+byte (surrogateescape)."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+def to_bytes(text: str) -> bytes:
+    """The bytes that ``text`` stands for: the inverse of ``from_bytes``. A lone surrogate
+    outside U+DC80..U+DCFF stands for no byte (only a JSON escape can make one): U+FFFD."""
     try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return "".join(
+            c if not 0xD800 <= ord(c) <= 0xDFFF or 0xDC80 <= ord(c) <= 0xDCFF else "\ufffd"
+            for c in text
+        ).encode("utf-8", "surrogateescape")
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal or a UTF-8 file: a byte that is not UTF-8 is shown as \\xNN."""
+    if text.isascii():
+        return text
+    return to_bytes(text).decode("utf-8", "backslashreplace")
+
+
+def decode_request(data: bytes, allowed: frozenset[str]) -> Request:
+    """Parse one request frame (or line) and check its op against ``allowed``.
+
+    The hooks send valid UTF-8 (bytes that are not UTF-8 escaped as \\udcXX); raw bytes
+    that are not UTF-8 mean the same (hooks of an older install), never a "bad request".
+    """
+    try:
+        obj = json.loads(from_bytes(data))
+    except json.JSONDecodeError as exc:
         raise ProtocolError(f"request is not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("request must be a JSON object")
@@ -92,7 +121,7 @@ def encode_request(op: str, **fields: Any) -> bytes:
 
 def reply_frames(reply: Reply) -> list[bytes]:
     """Control-socket reply frames (after the envelope)."""
-    return [reply.status.encode(), reply.message.encode()]
+    return [reply.status.encode(), to_bytes(reply.message)]
 
 
 def encode_user_reply(status: str, *, result: Any = None, message: str = "") -> bytes:

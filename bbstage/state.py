@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bbstage.protocol import printable
+
 # Job states, in lifecycle order; "failed" and "cancelled" can follow any of them.
 JOB_STATES = (
     "setup",
@@ -188,7 +190,15 @@ class Store:
                 "INSERT INTO directives (job_id, idx, line, verb, source, destination, spec)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (job_id, d.idx, d.line, d.verb, d.source, d.destination, json.dumps(d.spec))
+                    (
+                        job_id,
+                        d.idx,
+                        d.line,
+                        d.verb,
+                        _text(d.source),
+                        _text(d.destination),
+                        json.dumps(d.spec),
+                    )
                     for d in rows
                 ],
             )
@@ -196,6 +206,7 @@ class Store:
         return job
 
     def set_job(self, job_id: str, **values: Any) -> None:
+        values = {k: _text(v) for k, v in values.items()}
         values["updated"] = time.time()
         cols = ", ".join(f"{k} = ?" for k in values)
         with self._tx(job_id) as db:
@@ -281,6 +292,7 @@ class Store:
     # -- directives -------------------------------------------------------------------------
 
     def set_directive(self, job_id: str, idx: int, **values: Any) -> None:
+        values = {k: _text(v) for k, v in values.items()}
         cols = ", ".join(f"{k} = ?" for k in values)
         with self._tx(job_id) as db:
             db.execute(
@@ -291,6 +303,13 @@ class Store:
             if cached is not None:
                 rows = [replace(d, **values) if d.idx == idx else d for d in cached.directives]
                 self._update(job_id, directives=rows)
+
+
+def _text(value: Any) -> Any:
+    """A value for a TEXT column: SQLite takes only UTF-8, and a path from a script may hold
+    bytes that are not (surrogate escapes, docs/protocol.md "Bytes"). Those columns are for
+    display and messages (a transfer's exact bytes are in ``spec``): such bytes become \\xNN."""
+    return printable(value) if isinstance(value, str) else value
 
 
 def _directive(row: sqlite3.Row) -> DirectiveRow:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from bbstage import directives
 from bbstage.directives import parse
+from bbstage.protocol import from_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = sorted((ROOT / "tests" / "corpus").glob("*.json"))
@@ -80,6 +81,10 @@ def _check_case(case: dict[str, Any], result: dict[str, Any]) -> None:
 def _load(path: Path) -> dict[str, Any]:
     case = json.loads(path.read_text(encoding="utf-8"))
     assert set(case) in ({"description", "script", "expect"}, {"description", "script", "errors"})
+    # a byte that is not UTF-8 is written as its surrogate escape, \udcXX (docs/protocol.md):
+    # the script must be the canonical text of its bytes, as the daemon would decode them
+    script = case["script"]
+    assert from_bytes(script.encode("utf-8", "surrogateescape")) == script, path.name
     return case
 
 
@@ -96,7 +101,7 @@ def test_corpus_size_and_codes() -> None:
         "bad-size", "capacity-without-pool", "bad-option-value", "bad-glob", "tree-mismatch",
         "bad-bucket", "control-char", "bad-quote", "bad-escape", "bad-token", "crlf",
         "continuation", "unknown-variable", "profile-without-s3", "capacity-in-value",
-        "duplicate-pool", "bad-bb-option",
+        "duplicate-pool", "bad-bb-option", "non-utf8",
     }  # fmt: skip
     assert all_codes - codes == set()
     for code in all_codes | generated:
@@ -122,6 +127,11 @@ def test_corpus_lua(path: Path, lua: LuaParser) -> None:
     result = lua.parse(case["script"])
     _check_case(case, result)
     assert result == parse(case["script"])  # messages and partial results agree too
+
+
+def _canonical(text: str) -> str:
+    """The text the daemon gets for the bytes of ``text`` (\\udcc3\\udca9 side by side are é)."""
+    return from_bytes(text.encode("utf-8", "surrogateescape"))
 
 
 def _both(lua: LuaParser, text: str) -> dict[str, Any]:
@@ -214,7 +224,8 @@ PIECES = [
     "$BB_SCRATCH/", "$HOME", "s3://", "s3://bkt/", "s3://Bad_B/", "http://", "*", "?", "[",
     "]", "[a-z]", "%j", "%u", "%%", "é", "漢字", "\x00", "\x07", "\r", "\t", " ", "  ", "\n",
     "#", "#BB_LUA ", "#SBATCH --bb=", '"#BB_LUA ', "#SBATCH ", "x", "/data/in", "/fast/out/",
-]  # fmt: skip
+    "\udce9", "\udcc3", "\udca9", "\udced\udca0\udc80", "\udcff", "s3://bkt/r\udce9s",
+]  # fmt: skip  # \udcXX: the byte XX, not UTF-8 (surrogateescape, as the daemon decodes)
 
 _text = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12
@@ -266,6 +277,7 @@ def well_formed_scripts(draw: st.DrawFn) -> str:
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.one_of(mutated_scripts(), generated_scripts(), well_formed_scripts()))
 def test_python_and_lua_agree(lua: LuaParser, text: str) -> None:
+    text = _canonical(text)
     py = parse(text)
     assert lua.parse(text) == py
     assert len(py["errors"]) <= directives.MAX_ERRORS
@@ -275,7 +287,7 @@ def test_python_and_lua_agree(lua: LuaParser, text: str) -> None:
 @st.composite
 def byte_scripts(draw: st.DrawFn) -> str:
     """Scripts with arbitrary bytes, decoded the way ``bbstage validate`` reads files."""
-    base = draw(st.sampled_from(SCRIPTS)).encode()
+    base = draw(st.sampled_from(SCRIPTS)).encode("utf-8", "surrogateescape")
     pos = draw(st.integers(0, len(base)))
     noise = draw(st.binary(max_size=16))
     return (base[:pos] + noise + base[pos:]).decode("utf-8", "surrogateescape")

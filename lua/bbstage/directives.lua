@@ -44,6 +44,7 @@ unknown-variable	"%s" in %s: only a leading $BB_SCRATCH is expanded (use %%u for
 bad-scheme	unsupported scheme in %s "%s": use an absolute path, $BB_SCRATCH/..., or s3://bucket/key
 bad-bucket/key	%s "%s" has no key part: write s3://bucket/ for a whole bucket or s3://bucket/key
 bad-bucket	bad S3 bucket in %s "%s": bucket names have 3-63 characters a-z 0-9 . - and start and end with a letter or digit
+non-utf8	byte 0x%02x in %s "%s" is not UTF-8 and S3 keys are UTF-8 text: save the script as UTF-8 (iconv -f LATIN1 -t UTF-8) or rename the key
 relative-path	relative path "%s" in %s: use an absolute path, $BB_SCRATCH/..., or s3://bucket/key
 dot-dot	".." component in %s "%s": write the path without ..
 bad-glob	wildcard in %s "%s": wildcards are only allowed in a stage_in source
@@ -158,6 +159,30 @@ local function tokenize(s)
 	end
 end
 
+-- The first byte of s that is not part of a valid UTF-8 sequence (RFC 3629, as Python's
+-- strict decoder), or nil.
+local function non_utf8(s)
+	local i = find(s, "[\128-\255]")
+	while i do
+		local c, n, lo, hi = byte(s, i), 3, 128, 191
+		if c >= 194 and c <= 223 then n = 2
+		elseif c == 224 then lo = 160
+		elseif c == 237 then hi = 159
+		elseif c >= 225 and c <= 239 then n = 3
+		elseif c == 240 then n, lo = 4, 144
+		elseif c >= 241 and c <= 243 then n = 4
+		elseif c == 244 then n, hi = 4, 143
+		else return c end
+		local b = byte(s, i + 1)
+		if not b or b < lo or b > hi then return c end
+		for k = i + 2, i + n - 1 do
+			b = byte(s, k)
+			if not b or b < 128 or b > 191 then return c end
+		end
+		i = find(s, "[\128-\255]", i + n)
+	end
+end
+
 local function unclosed_bracket(path)
 	local i, k = find(path, "[", 1, true), 0
 	while i do
@@ -181,6 +206,8 @@ local function location(v, role, verb) -- kind, tree, glob
 		local b = sub(v, 6, slash - 1)
 		if #b < 3 or #b > 63 or not find(b, "^[a-z0-9][a-z0-9%.%-]*[a-z0-9]$") then fail("bad-bucket", role, v) end
 		kind, path = "s3", sub(v, slash)
+		local bad = non_utf8(v)
+		if bad then fail("non-utf8", bad, role, v) end
 	end
 	if find(path, "/../", 1, true) or sub(path, -3) == "/.." then fail("dot-dot", role, v) end
 	if find(path, "$", 1, true) then fail("unknown-variable", v, role) end

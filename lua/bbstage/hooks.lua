@@ -12,13 +12,68 @@ local STAGE_TIMEOUT = 7 * 86400
 -- reported after it ("staging daemon not reachable").
 local CONNECT_GRACE = 3
 
+local byte, find, format, gsub, sub = string.byte, string.find, string.format, string.gsub,
+	string.sub
+
+-- Length of the valid UTF-8 sequence that starts at s[i] (a byte >= 0x80), or nil. Valid is
+-- RFC 3629, as Python's strict decoder: no overlong forms, surrogates or values > U+10FFFF.
+local function utf8_len(s, i)
+	local c, n, lo, hi = byte(s, i), 3, 0x80, 0xBF
+	if c >= 0xC2 and c <= 0xDF then n = 2
+	elseif c == 0xE0 then lo = 0xA0
+	elseif c == 0xED then hi = 0x9F
+	elseif c >= 0xE1 and c <= 0xEF then n = 3
+	elseif c == 0xF0 then n, lo = 4, 0x90
+	elseif c >= 0xF1 and c <= 0xF3 then n = 4
+	elseif c == 0xF4 then n, hi = 4, 0x8F
+	else return nil end
+	local b = byte(s, i + 1)
+	if not b or b < lo or b > hi then return nil end
+	for k = i + 2, i + n - 1 do
+		b = byte(s, k)
+		if not b or b < 0x80 or b > 0xBF then return nil end
+	end
+	return n
+end
+
+-- JSON escapes: control characters, quote and backslash; bytes >= 0x80 that are not UTF-8.
+local CTRL, HIGH = {}, {}
+for c = 0, 127 do CTRL[string.char(c)] = format("\\u%04x", c) end
+for c = 128, 255 do HIGH[string.char(c)] = format("\\udc%02x", c) end
+
+-- A run of bytes >= 0x80: valid UTF-8 sequences as they are, every other byte as the
+-- escape \udcXX (Python's surrogateescape; docs/protocol.md "Bytes").
+local function escape_high(run)
+	local n = #run
+	if n == 1 then return HIGH[run] end -- one byte >= 0x80 alone (Latin-1 text) is never UTF-8
+	local out, i, done = {}, 1, 1 -- run[done..i-1] is valid UTF-8 not yet copied
+	while i <= n do
+		local len = utf8_len(run, i)
+		if len then
+			i = i + len
+		else
+			out[#out + 1] = sub(run, done, i - 1)
+			out[#out + 1] = HIGH[sub(run, i, i)]
+			i = i + 1
+			done = i
+		end
+	end
+	out[#out + 1] = sub(run, done)
+	return table.concat(out)
+end
+
+-- A Lua string (any bytes) as a JSON string that is valid UTF-8 (docs/protocol.md "Bytes").
+local function json_string(s)
+	s = gsub(s, '[%z\1-\31\127"\\]', CTRL) -- not %c: it follows the C locale
+	if find(s, "[\128-\255]") then s = gsub(s, "[\128-\255]+", escape_high) end
+	return '"' .. s .. '"'
+end
+
 -- Minimal JSON encoding for the flat request objects of docs/protocol.md.
 local function json(value)
 	local t = type(value)
 	if t == "string" then
-		return '"' .. value:gsub('[%c"\\]', function(c)
-			return string.format("\\u%04x", c:byte())
-		end) .. '"'
+		return json_string(value)
 	elseif t == "boolean" or t == "number" then
 		return tostring(value)
 	elseif value[1] ~= nil or next(value) == nil then
@@ -30,6 +85,7 @@ local function json(value)
 	for k, v in pairs(value) do items[#items + 1] = json(k) .. ":" .. json(v) end
 	return "{" .. table.concat(items, ",") .. "}"
 end
+M.json = json
 
 -- Send one request with the zmtp module; map the reply to Slurm's (rc, message).
 -- When the daemon gave no answer, a third value is zmtp's failure kind.
