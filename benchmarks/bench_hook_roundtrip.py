@@ -18,24 +18,20 @@ Usage: python3 benchmarks/bench_hook_roundtrip.py [--n-lua 2000] [--n-fresh 100]
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import zmq
+from common import REPO, check, environment, lua_version, parser, save_result
 
-REPO = Path(__file__).resolve().parent.parent
+NAME = "hook_roundtrip"
 LUA_DIR = REPO / "lua"
 LOOP_LUA = REPO / "tests" / "lua" / "zmtp_loop.lua"
 REQUEST_LUA = REPO / "tests" / "lua" / "zmtp_request.lua"
-RESULTS = REPO / "benchmarks" / "results" / "hook_roundtrip.json"
-REPORT = REPO / "benchmarks" / "report.py"
 
 REQUEST = '{"v":1,"op":"test_data_in","job_id":"4242","uid":"1000","gid":"1000"}'
 
@@ -85,11 +81,6 @@ def stats(times: list[float]) -> dict[str, float]:
     }
 
 
-def check(ok: bool, what: str) -> None:
-    if not ok:
-        sys.exit(f"benchmark failed: {what}")
-
-
 def bench_in_process(sock: str, n: int) -> list[float]:
     cmd = ["lua5.1", str(LOOP_LUA), str(LUA_DIR), sock, str(n)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()
@@ -127,24 +118,11 @@ def bench_popen_python(sock: str, n: int, tmp: Path) -> list[float]:
     return times
 
 
-def environment() -> dict[str, str]:
-    from bbstage.bench import environment as machine
-
-    lua = subprocess.run(["lua5.1", "-v"], capture_output=True, text=True)
-    return {
-        **machine(),
-        "lua": " ".join((lua.stdout or lua.stderr).split()[:2]),
-        "pyzmq": zmq.__version__,
-        "libzmq": zmq.zmq_version(),
-    }
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--n-lua", type=int, default=2000)
     ap.add_argument("--n-fresh", type=int, default=100)
     ap.add_argument("--n-popen", type=int, default=50)
-    ap.add_argument("--no-doc", action="store_true", help="do not regenerate docs/performance.md")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bbstage-bench-") as tmpdir:
@@ -174,7 +152,9 @@ def main() -> None:
         / results["zmtp_in_process"]["median_ms"],
         "ratio_baseline_over_fresh_process": results["popen_python"]["median_ms"]
         / results["zmtp_fresh_process"]["median_ms"],
-        "environment": environment(),
+        "environment": environment(
+            lua=lua_version(), pyzmq=zmq.__version__, libzmq=zmq.zmq_version()
+        ),
     }
 
     print(f"{'variant':<48} {'n':>5} {'median ms':>10} {'mean ms':>10} {'p95 ms':>10}")
@@ -193,11 +173,7 @@ def main() -> None:
         f"c/b: {result['ratio_baseline_over_fresh_process']:.1f}x"
     )
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(REPO)}")
-    if not args.no_doc:
-        subprocess.run([sys.executable, str(REPORT)], check=True)  # docs/performance.md
+    save_result(NAME, result, doc=not args.no_doc)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ Usage: eval "$(scripts/local-cluster up)"; python3 benchmarks/bench_job_array.py
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pwd
@@ -47,12 +46,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common import REPO, environment, fail, parser, rotate, save_result
 
-from bbstage.bench import environment  # noqa: E402
-
-RESULTS = REPO / "benchmarks" / "results" / "job_array.json"
+NAME = "job_array"
 GOAL_MS = 25.0
 POLL = 0.2
 
@@ -127,17 +123,13 @@ end
 """
 
 
-def die(message: str) -> None:
-    sys.exit(f"bench_job_array: {message}")
-
-
 def cluster() -> tuple[Path, str]:
     """The cluster's etc directory and the daemon config, from scripts/local-cluster's env."""
     for name in ("SLURM_CONF", "BBSTAGE_CLUSTER_DIR", "BBSTAGE_CONFIG"):
         if not os.environ.get(name):
-            die(f'${name} is not set: run  eval "$(scripts/local-cluster up)"  first')
+            fail(f'${name} is not set: run  eval "$(scripts/local-cluster up)"  first')
     if os.geteuid() != 0:
-        die("run as root (it submits with runuser and swaps burst_buffer.lua)")
+        fail("run as root (it submits with runuser and swaps burst_buffer.lua)")
     return Path(os.environ["BBSTAGE_CLUSTER_DIR"]) / "etc", os.environ["BBSTAGE_CONFIG"]
 
 
@@ -180,7 +172,7 @@ def run_array(script: Path, work: Path, user: str, tasks: int, timeout: float) -
         text=True,
     )
     if proc.returncode != 0:
-        die(f"sbatch refused the array: {proc.stderr.strip()}")
+        fail(f"sbatch refused the array: {proc.stderr.strip()}")
     array_id = proc.stdout.strip().split(";")[0]
     done_states: list[tuple[str, str]] = []
     while time.perf_counter() - start < timeout:
@@ -189,14 +181,14 @@ def run_array(script: Path, work: Path, user: str, tasks: int, timeout: float) -
         bad = [r for r in rows if r[0] in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")]
         if bad:
             subprocess.run(["scancel", array_id], capture_output=True)
-            die(f"array {array_id}: a task ended {bad[0]} (see scontrol show job {array_id})")
+            fail(f"array {array_id}: a task ended {bad[0]} (see scontrol show job {array_id})")
         if len(finished) == tasks:
             done_states = rows
             break
         time.sleep(POLL)
     else:
         subprocess.run(["scancel", array_id], capture_output=True)
-        die(f"array {array_id} not finished after {timeout:.0f} s (cancelled)")
+        fail(f"array {array_id} not finished after {timeout:.0f} s (cancelled)")
     seconds = time.perf_counter() - start
     return {"array_id": array_id, "seconds": seconds, "tasks": len(done_states)}
 
@@ -254,12 +246,11 @@ def restore(etc: Path, config: str, noop_mtime: float) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--tasks", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=1, help="runs of each variant (medians)")
     ap.add_argument("--user", default="bbuser1")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per array")
-    ap.add_argument("--no-doc", action="store_true", help="do not regenerate docs/performance.md")
     ap.add_argument(
         "--keep-logs",
         metavar="DIR",
@@ -281,8 +272,7 @@ def main() -> int:
         script.write_text(job_script(work))
         script.chmod(0o644)
         for rep in range(args.repeat):
-            order = ["bbstage", "noop"] if rep % 2 == 0 else ["noop", "bbstage"]
-            for variant in order:
+            for variant in rotate(["bbstage", "noop"], rep):
                 log = work / f"hooks-{variant}-{rep}.log"
                 install_variant(etc, variant, log)
                 try:
@@ -291,7 +281,7 @@ def main() -> int:
                     restore(etc, config, (etc / "burst_buffer.lua").stat().st_mtime)
                 staged = len(list((work / "out").iterdir()))
                 if variant == "bbstage" and staged != args.tasks:
-                    die(f"{staged} of {args.tasks} tasks staged their file out")
+                    fail(f"{staged} of {args.tasks} tasks staged their file out")
                 for f in (work / "out").iterdir():
                     f.unlink()
                 if args.keep_logs:
@@ -299,7 +289,7 @@ def main() -> int:
                     shutil.copy(log, args.keep_logs)
                 times = hook_times(log)
                 if len(times) != args.tasks:
-                    die(f"{variant}: the timing shim logged {len(times)} of {args.tasks} tasks")
+                    fail(f"{variant}: the timing shim logged {len(times)} of {args.tasks} tasks")
                 r["hook_ms_per_task"] = (
                     statistics.mean(sum(h.values()) for h in times.values()) * 1e3
                 )
@@ -340,17 +330,13 @@ def main() -> int:
         "makespan_ms_per_task": makespan,
         "goal_ms_per_task": GOAL_MS,
         "met": overhead < GOAL_MS,
-        "environment": {**environment(), "slurm": slurm.strip()},
+        "environment": environment(slurm=slurm.strip()),
     }
     print(
         f"overhead: {overhead:.2f} ms of hook time per task (goal < {GOAL_MS} ms); "
         f"makespan {makespan:+.1f} ms per task"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(REPO)}")
-    if not args.no_doc:
-        subprocess.run([sys.executable, str(REPO / "benchmarks" / "report.py")], check=True)
+    save_result(NAME, result, doc=not args.no_doc)
     return 0
 
 

@@ -26,20 +26,19 @@ Usage: python3 benchmarks/bench_job_process.py [--iterations 200] [--batches 31]
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, check, environment, lua_version, parser, save_result
+
+NAME = "job_process"
 BENCH_LUA = REPO / "benchmarks" / "lua" / "bench_job_process.lua"
 BASELINE_LUA = REPO / "benchmarks" / "lua" / "baseline_parser.lua"
 MODULE = REPO / "lua" / "bbstage" / "directives.lua"
 HOOK = REPO / "lua" / "burst_buffer.lua"
-RESULTS = REPO / "benchmarks" / "results" / "job_process.json"
-REPORT = REPO / "benchmarks" / "report.py"
 TARGETS_MS = {"a": 0.3, "b": 5.0, "c": 5.0}
 MIB = 1024 * 1024
 
@@ -85,17 +84,6 @@ def run_lua(parser: Path, hook: Path, script: Path, iterations: int, batches: in
     return json.loads(out)
 
 
-def environment() -> dict[str, str]:
-    from bbstage.bench import environment as machine
-
-    lua = subprocess.run(["lua5.1", "-v"], capture_output=True, text=True)
-    return {
-        **machine(),
-        "lua": (lua.stdout or lua.stderr).split("  ")[0].strip(),
-        "hook": str(HOOK.relative_to(REPO)) if HOOK.exists() else "120-line dummy",
-    }
-
-
 def dummy_hook(tmp: Path) -> Path:
     """A 120-line stand-in for burst_buffer.lua when the real one is absent."""
     lines = ["local M = {}"]
@@ -108,10 +96,9 @@ def dummy_hook(tmp: Path) -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--iterations", type=int, default=200, help="calls per batch (case a)")
     ap.add_argument("--batches", type=int, default=31)
-    ap.add_argument("--no-doc", action="store_true", help="do not regenerate docs/performance.md")
     args = ap.parse_args()
 
     results: dict[str, dict[str, dict]] = {}
@@ -130,8 +117,10 @@ def main() -> int:
                 for name, parser in parsers.items()
             }
             got = results[case]["ours"]
-            if got["errors"] or got["directives"] != len(DIRECTIVES):
-                sys.exit(f"case {case}: unexpected parse result {got}")
+            check(
+                not got["errors"] and got["directives"] == len(DIRECTIVES),
+                f"case {case}: unexpected parse result {got}",
+            )
 
     ratios = {
         case: {
@@ -159,7 +148,10 @@ def main() -> int:
         "ratios": ratios,
         "targets": targets,
         "module_bytes": MODULE.stat().st_size,
-        "environment": environment(),
+        "environment": environment(
+            lua=lua_version(),
+            hook=str(HOOK.relative_to(REPO)) if HOOK.exists() else "120-line dummy",
+        ),
     }
 
     print(f"{'case':<5} {'parser':<10} {'total':>8} {'module':>8} {'load':>8} {'parse':>8}")
@@ -177,11 +169,7 @@ def main() -> int:
             f"{ratios[case]['total_ours_over_baseline']:.2f}x, luac/baseline "
             f"{ratios[case]['total_luac_over_baseline']:.2f}x"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(REPO)}")
-    if not args.no_doc:
-        subprocess.run([sys.executable, str(REPORT)], check=True)  # docs/performance.md
+    save_result(NAME, result, doc=not args.no_doc)
     return 0
 
 

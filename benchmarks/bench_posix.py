@@ -20,21 +20,18 @@ Usage: python3 benchmarks/bench_posix.py [--repeat 5] [--dir /var/tmp/bbstage-be
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common import environment, fail, first_line, load_result, parser, save_result
 
-from bbstage import bench  # noqa: E402
-from bbstage.config import Config, parse_size  # noqa: E402
+from bbstage import bench
+from bbstage.config import Config, parse_size
 
-RESULTS = REPO / "benchmarks" / "results" / "posix.json"
+NAME = "posix"
 GOALS = {
     "big": {"baseline": "cp", "metric": "mb_per_s", "min_ratio": 0.95},
     "small": {"baseline": "cp", "metric": "files_per_s", "min_ratio": 1.5},
@@ -42,15 +39,11 @@ GOALS = {
 
 
 def tool_versions() -> dict[str, str]:
-    versions = {}
-    for tool in ("cp", "rsync"):
-        if shutil.which(tool):
-            out = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
-            versions[tool] = " ".join(out.splitlines()[0].split()) if out else "?"
-    return versions
+    return {tool: first_line([tool, "--version"]) for tool in ("cp", "rsync") if shutil.which(tool)}
 
 
 def filesystem(path: Path) -> str:
+    """The type of the file system ``path`` is on (``df -T``)."""
     out = subprocess.run(["df", "-T", str(path)], capture_output=True, text=True).stdout
     rows = out.splitlines()
     return rows[1].split()[1] if len(rows) > 1 else "?"
@@ -86,7 +79,7 @@ def run_case(name: str, plan: bench.Plan, root: Path, repeat: int, cache: str) -
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--repeat", type=int, default=6, help="runs of each contender (even: balanced)")
     ap.add_argument("--dir", default="/var/tmp/bbstage-bench-posix", help="scratch directory")
     ap.add_argument("--big-size", default="4G")
@@ -94,7 +87,6 @@ def main() -> int:
     ap.add_argument("--small-size", default="4K")
     ap.add_argument("--cache", default="auto", choices=["auto", "drop", "warm"])
     ap.add_argument("--only", choices=["big", "small"])
-    ap.add_argument("--no-doc", action="store_true", help="do not regenerate docs/performance.md")
     args = ap.parse_args()
 
     root = Path(args.dir)
@@ -103,29 +95,25 @@ def main() -> int:
         "big": bench.Plan(1, parse_size(args.big_size)),
         "small": bench.Plan(args.small_files, parse_size(args.small_size)),
     }
-    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    cases = dict(previous.get("cases", {}))
+    cases = dict(load_result(NAME).get("cases", {}))
     try:
         for name, plan in plans.items():
             if args.only in (None, name):
                 cases[name] = run_case(name, plan, root, args.repeat, args.cache)
+    except bench.BenchError as exc:
+        fail(str(exc))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result = {
         "benchmark": "POSIX staging throughput vs cp / rsync (bbstage.bench)",
         "cases": cases,
-        "environment": {
-            **bench.environment(),
-            "filesystem": filesystem(root.parent),
-            "tools": tool_versions(),
-            "load_average": list(os.getloadavg()),
-        },
+        "environment": environment(
+            filesystem=filesystem(root.parent),
+            tools=tool_versions(),
+            load_average=list(os.getloadavg()),
+        ),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(REPO)}")
-    if not args.no_doc:
-        subprocess.run([sys.executable, str(REPO / "benchmarks" / "report.py")], check=True)
+    save_result(NAME, result, doc=not args.no_doc)
     return 0  # a missed goal shows in the report; it is not an error
 
 

@@ -17,15 +17,15 @@ neighbour hurts all of them alike; the median of the rounds is reported):
   once (its own batch API) and awaited;
 * ``naive``: one ``s3fs`` call per file (``put_file``/``get_file``) with s3fs defaults.
 
-Writes benchmarks/results/s3.json. Goals (docs/performance.md, "S3 staging"):
-bbstage >= 1.0x TransferManager, and >= 2.5x the naive loop on small objects.
+Writes benchmarks/results/s3.json, then regenerates docs/performance.md (benchmarks/report.py)
+unless --no-doc. Goals (docs/performance.md, "S3 staging"): bbstage >= 1.0x TransferManager,
+and >= 2.5x the naive loop on small objects.
 
-Usage: python3 benchmarks/bench_s3.py [--rounds 3] [--big-mib 1024] [--small 1000]
+Usage: python3 benchmarks/bench_s3.py [--rounds 3] [--big-mib 1024] [--small 1000] [--no-doc]
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
@@ -36,23 +36,21 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import boto3
+import s3fs
+from common import parser, rotate, save_result, timed
+from s3transfer.manager import TransferConfig, TransferManager
 
-import boto3  # noqa: E402
-import s3fs  # noqa: E402
-from s3transfer.manager import TransferConfig, TransferManager  # noqa: E402
+from bbstage import worker
+from bbstage.transfer import TransferSpec
+from tests.s3env import REGION, S3Env, start
 
-from bbstage import worker  # noqa: E402
-from tests.s3env import REGION, S3Env, start  # noqa: E402
-
-RESULTS = REPO / "benchmarks" / "results" / "s3.json"
+NAME = "s3"
 USER = "bbuser1"
 
 
@@ -84,7 +82,7 @@ class Bench:
     # -- bbstage --------------------------------------------------------------------------
     def ours(self, src: str, dst: str) -> None:
         credentials = {"key": self.keys.key, "secret": self.keys.secret}
-        spec = worker.spec_for(
+        spec = TransferSpec.between(
             src, dst, job_id="bench", extra={"s3": self.s3conf, "credentials": credentials}
         )
         worker.run(spec, worker._Reporter(_Sink()), threading.Event())  # type: ignore[arg-type]
@@ -130,14 +128,8 @@ def free_space(b: Bench) -> None:
     )
 
 
-def timed(action: Callable[[], None]) -> float:
-    t0 = time.perf_counter()
-    action()
-    return time.perf_counter() - t0
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-mib", type=int, default=1024)
     ap.add_argument("--small", type=int, default=1000)
@@ -226,8 +218,7 @@ def main() -> None:
                 continue
             times: dict[str, list[float]] = {w: [] for w in who_all}
             for r in range(args.rounds):
-                order = who_all[r % 3 :] + who_all[: r % 3]
-                for who in order:
+                for who in rotate(who_all, r):
                     action = make(who)
                     times[who].append(timed(action))
                     for d in work.glob("dst-*"):
@@ -273,8 +264,7 @@ def main() -> None:
         "goals": {"vs_transfermanager": 1.0, "small_vs_naive": 2.5},
     }
     if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+        save_result(NAME, out, doc=not args.no_doc)
     print(json.dumps({k: v["median_s"] for k, v in results.items()}, indent=1))
 
 

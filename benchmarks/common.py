@@ -1,0 +1,104 @@
+"""What every ``benchmarks/bench_*.py`` does around its measurement: find the checkout,
+parse the usual flags, store ``benchmarks/results/<name>.json``, regenerate
+``docs/performance.md``, say where it ran, and stop with a message that names the script.
+
+Importing this module puts the checkout first on ``sys.path``, so the scripts import
+``bbstage`` (and ``tests``) from the tree they belong to, installed or not: import it
+before them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+RESULTS = REPO / "benchmarks" / "results"
+REPORT = REPO / "benchmarks" / "report.py"
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser described by the script's docstring's first paragraph, with
+    ``--no-doc`` (``benchmarks/run`` passes it: the report is written once, at the end)."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    ap.add_argument("--no-doc", action="store_true", help="do not regenerate docs/performance.md")
+    return ap
+
+
+def result_path(name: str) -> Path:
+    return RESULTS / f"{name}.json"
+
+
+def load_result(name: str) -> dict[str, Any]:
+    """The stored result of ``name``, or ``{}`` (to update one case of several)."""
+    path = result_path(name)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_result(name: str, result: dict[str, Any], *, doc: bool = True) -> Path:
+    """Write ``benchmarks/results/<name>.json``; then, if ``doc``, regenerate
+    docs/performance.md from every result (benchmarks/report.py)."""
+    path = result_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path.relative_to(REPO)}")
+    if doc:
+        subprocess.run([sys.executable, str(REPORT)], check=True)
+    return path
+
+
+def fail(message: str) -> NoReturn:
+    """Stop the benchmark: ``bench_<name>: message`` on stderr, exit status 1."""
+    sys.exit(f"{Path(sys.argv[0]).stem}: {message}")
+
+
+def check(ok: bool, what: str) -> None:
+    """:func:`fail` with ``what`` unless ``ok`` (a wrong answer voids the timing)."""
+    if not ok:
+        fail(what)
+
+
+def timed(action: Callable[[], object]) -> float:
+    """Seconds ``action()`` took (wall clock)."""
+    t0 = time.perf_counter()
+    action()
+    return time.perf_counter() - t0
+
+
+def rotate(contenders: list[str], round_: int) -> list[str]:
+    """The order of one round: each contender starts a round (and follows each other)
+    as often as the others, so a noisy neighbour or a warm cache favours nobody."""
+    k = round_ % len(contenders)
+    return contenders[k:] + contenders[:k]
+
+
+def first_line(argv: list[str]) -> str:
+    """The first line a command prints (stdout, else stderr), white space folded; ``?``
+    when it cannot run."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True)
+    except OSError:
+        return "?"
+    lines = (proc.stdout or proc.stderr).splitlines()
+    return " ".join(lines[0].split()) if lines else "?"
+
+
+def lua_version() -> str:
+    """``Lua 5.1.5``: the interpreter the hooks run under."""
+    return " ".join(first_line(["lua5.1", "-v"]).split()[:2])
+
+
+def environment(**extra: Any) -> dict[str, Any]:
+    """Where the numbers were measured (``bbstage bench``'s fields), plus ``extra``."""
+    from bbstage.bench import environment as machine
+
+    return {**machine(), **extra}
