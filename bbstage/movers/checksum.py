@@ -18,6 +18,17 @@ ALGORITHMS: dict[str, Callable[[], Any]] = {
 _BLOCK = 4 << 20
 
 
+def check(algorithm: str) -> None:
+    """Refuse an algorithm we do not have (the directive parsers allow only these)."""
+    if algorithm != "none" and algorithm not in ALGORITHMS:
+        raise TransferError(f"unknown checksum {algorithm!r} (use {', '.join(ALGORITHMS)})")
+
+
+def new(algorithm: str) -> Any:
+    """A fresh hash object (``update``, ``hexdigest``) for bytes fed in order."""
+    return ALGORITHMS[algorithm]()
+
+
 def digest_fd(algorithm: str, fd: int) -> str:
     h = ALGORITHMS[algorithm]()
     offset = 0
@@ -37,7 +48,6 @@ def digest_path(algorithm: str, path: str) -> str:
 
 def verify(algorithm: str, src_path: str, dst_fd: int) -> None:
     """Compare the source file with what was written; a mismatch is retried."""
-    if algorithm not in ALGORITHMS:
-        raise TransferError(f"unknown checksum {algorithm!r} (use {', '.join(ALGORITHMS)})")
+    check(algorithm)
     if digest_path(algorithm, src_path) != digest_fd(algorithm, dst_fd):
         raise TransferError(f"checksum mismatch ({algorithm}): {src_path}", permanent=False)

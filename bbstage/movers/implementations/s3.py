@@ -18,8 +18,10 @@ dropped connections are transient (retried by the worker), the rest are permanen
 from __future__ import annotations
 
 import asyncio
+import base64
 import configparser
 import email.utils
+import hashlib
 import os
 import posixpath
 import pwd
@@ -31,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from bbstage.movers import localfs
+from bbstage.movers import checksum, localfs
 from bbstage.movers.base import (
     Cancelled,
     FileTask,
@@ -47,6 +49,15 @@ MiB = 1 << 20
 _READ = 1 * MiB  # bytes asked of the socket per read when streaming a download
 _PART_RETRIES = 3  # attempts per request/part inside the mover (the worker retries files)
 _URL = re.compile(r"s3://([^/]+)(?:/(.*))?\Z", re.DOTALL)
+# Object metadata (x-amz-meta-*) every upload carries: the source's st_mtime_ns, so that a
+# later run knows whether the object is this very file (size alone is not enough), and with
+# checksum= the digest of the bytes sent, which downloads with checksum= verify.
+MTIME_KEY = "bbstage-mtime"
+
+
+def checksum_key(algorithm: str) -> str:
+    """The metadata key of a bbstage checksum (``x-amz-meta-bbstage-xxh3``)."""
+    return f"bbstage-{algorithm}"
 
 
 # -- settings -------------------------------------------------------------------------------
@@ -75,6 +86,8 @@ class S3Settings:
 
     @classmethod
     def from_config(cls, raw: dict[str, Any]) -> S3Settings:
+        """Check and convert ``[s3]``: TOML types are required where a quoted value would be
+        read wrongly (``payload_signing = "false"`` is an error, not true)."""
         from bbstage.config import parse_size
 
         sizes = {"part_size", "multipart_threshold"}
@@ -86,20 +99,24 @@ class S3Settings:
             if key == "accounts":
                 continue
             try:
+                if isinstance(value, bool) and key not in ("payload_signing", "verify"):
+                    raise ValueError(f"{value!r} is a boolean; see docs/configuration.md")
                 if key in sizes:
                     kwargs[key] = parse_size(value)
                 elif key in ints:
-                    kwargs[key] = int(value)
+                    kwargs[key] = _whole(value)
                     if kwargs[key] < 1:
                         raise ValueError("must be at least 1")
                 elif key in floats:
                     kwargs[key] = float(value)
                 elif key == "payload_signing":
-                    kwargs[key] = bool(value)
+                    if not isinstance(value, bool):
+                        raise ValueError(f"{value!r}: use true or false (unquoted)")
+                    kwargs[key] = value
                 elif key == "verify":
-                    kwargs[key] = value if isinstance(value, bool) else str(value)
+                    kwargs[key] = _verify(value)
                 elif key == "file_mode":
-                    kwargs[key] = int(str(value), 8) & 0o777
+                    kwargs[key] = parse_mode(value)
                 elif key == "checksums":
                     if value not in ("when_required", "when_supported"):
                         raise ValueError("use when_required or when_supported")
@@ -120,6 +137,42 @@ class S3Settings:
         if settings.part_size < 5 * MiB:
             raise TransferError("daemon config [s3] part_size: S3 needs at least 5M")
         return settings
+
+
+def parse_mode(value: Any) -> int:
+    """A file mode: a TOML integer is the mode itself (``0o644``); a string is octal
+    (``"644"``, ``"0644"``, ``"0o644"``). Nothing beyond ``0o777`` (no setuid, sticky)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        mode = value
+    elif isinstance(value, str) and re.fullmatch(r"(0o?)?[0-7]{1,4}", value.strip()):
+        mode = int(value.strip().removeprefix("0o") or "0", 8)
+    else:
+        raise ValueError(f'{value!r} is not a mode: write 0o644 or "644"')
+    if not 0 <= mode <= 0o777:
+        raise ValueError(
+            f"{value!r} is not a mode between 0o000 and 0o777 (a decimal 644 is 0o1204:"
+            ' write 0o644 or "644")'
+        )
+    return mode
+
+
+def _whole(value: Any) -> int:
+    """A whole number: a TOML integer or a string of digits; never a float cut short."""
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        return int(value)
+    raise ValueError(f"{value!r} is not a whole number")
+
+
+_BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "0", "1"}
+
+
+def _verify(value: Any) -> bool | str:
+    """TLS verification: a TOML boolean, or a CA bundle path (never the word "false")."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip() and value.strip().lower() not in _BOOL_WORDS:
+        return value
+    raise ValueError(f"{value!r}: use true or false (unquoted), or the path of a CA bundle")
 
 
 def mapped_credentials(s3: dict[str, Any], user: str) -> dict[str, str] | None:
@@ -311,6 +364,8 @@ class _S3Mover(Mover):
             self.who = "the default profile"
         self.endpoint = self.settings.endpoint_url
         self.url = "s3://"  # the transfer's S3 side, for messages
+        checksum.check(options.checksum)
+        self.checksum = options.checksum if options.checksum != "none" else None
         self._fs: Any = None
         self._client: Any = None
         self._part_slots: asyncio.Semaphore | None = None
@@ -680,20 +735,59 @@ class S3Download(_S3Mover):
 
     async def _copy_one(self, task: FileTask, progress: Progress) -> None:
         s3 = await self._s3()
-        bucket, key = split_url(task.src)
         counted = _Counted(progress)
+        seen: dict[str, Any] = {}  # what the GETs said about the object (see _note)
         try:
             with localfs.atomic_file(task, self.options.job_id, counted) as fd:
                 parts = self.settings.download_concurrency
                 if task.size >= self.settings.multipart_threshold and parts > 1:
-                    await self._get_ranged(s3, task, fd, counted)
+                    await self._get_ranged(s3, task, fd, counted, seen)
                 else:
-                    await self._get_range(s3, task, fd, 0, task.size, counted, whole=True)
+                    await self._get_range(s3, task, fd, 0, task.size, counted, seen, whole=True)
+                if self.checksum:
+                    await self._verify(task, fd, seen)
         except BaseException:
             counted.undo()
             raise
 
-    async def _get_ranged(self, s3: Any, task: FileTask, fd: int, progress: _Counted) -> None:
+    def _note(self, task: FileTask, resp: dict[str, Any], seen: dict[str, Any]) -> None:
+        """Check one GET's answer against the others of this file: the same object (ETag),
+        and, with ``checksum=``, one that carries a bbstage checksum to verify against."""
+        etag = resp.get("ETag")
+        if "etag" in seen and etag != seen["etag"]:
+            raise TransferError(
+                f"{task.src} changed while staging (its ETag changed between requests)",
+                permanent=False,
+            )
+        if "etag" in seen:
+            return
+        seen["etag"] = etag
+        seen["meta"] = {k.lower(): v for k, v in (resp.get("Metadata") or {}).items()}
+        if self.checksum and checksum_key(self.checksum) not in seen["meta"]:
+            raise TransferError(
+                f"checksum={self.checksum}: {task.src} has no bbstage {self.checksum} checksum"
+                f" (object metadata x-amz-meta-{checksum_key(self.checksum)}), so its bytes"
+                f" cannot be verified: upload it with bbstage and checksum={self.checksum}, or"
+                " drop checksum= from the directive"
+            )
+
+    async def _verify(self, task: FileTask, fd: int, seen: dict[str, Any]) -> None:
+        """Hash the bytes written (read back from the file: ranged parts arrive out of order)
+        and compare with the checksum the upload stored; a mismatch is retried."""
+        assert self.checksum is not None
+        want = seen["meta"][checksum_key(self.checksum)]
+        got = await asyncio.to_thread(checksum.digest_fd, self.checksum, fd)
+        if got != want:
+            raise TransferError(
+                f"checksum mismatch ({self.checksum}): {task.src}: the bytes received hash to"
+                f" {got}, its x-amz-meta-{checksum_key(self.checksum)} says {want} (the object"
+                " is corrupt or was replaced without bbstage: upload it again)",
+                permanent=False,
+            )
+
+    async def _get_ranged(
+        self, s3: Any, task: FileTask, fd: int, progress: _Counted, seen: dict[str, Any]
+    ) -> None:
         step = self.settings.part_size
         os.ftruncate(fd, task.size)
         slots = asyncio.Semaphore(self.settings.download_concurrency)
@@ -701,7 +795,7 @@ class S3Download(_S3Mover):
         async def part(offset: int) -> None:
             async with slots:
                 n = min(step, task.size - offset)
-                await self._get_range(s3, task, fd, offset, n, progress)
+                await self._get_range(s3, task, fd, offset, n, progress, seen)
 
         await _first_failure(
             [asyncio.ensure_future(part(off)) for off in range(0, task.size, step)]
@@ -715,6 +809,7 @@ class S3Download(_S3Mover):
         offset: int,
         count: int,
         progress: _Counted,
+        seen: dict[str, Any],
         *,
         whole: bool = False,
     ) -> None:
@@ -733,6 +828,7 @@ class S3Download(_S3Mover):
                 resp = await s3.get_object(**kw)
                 body = resp["Body"]
                 try:
+                    self._note(task, resp, seen)
                     if whole and pos == 0 and resp["ContentLength"] != count:
                         raise TransferError(
                             f"{url} changed while staging: it has {resp['ContentLength']} bytes,"
@@ -762,12 +858,32 @@ class S3Download(_S3Mover):
             delay *= 4
 
 
+@dataclass
+class _Remote:
+    """What we know of an object at an upload's destination: from a LIST (size and time
+    only, ``meta`` None) or from a HEAD (with its user metadata)."""
+
+    size: int
+    modified: Any  # datetime or None
+    meta: dict[str, str] | None = None
+
+
 class S3Upload(_S3Mover):
-    """A local file, tree or glob to ``s3://bucket/key`` (or ``prefix/``)."""
+    """A local file, tree or glob to ``s3://bucket/key`` (or ``prefix/``).
+
+    Every object gets the source's mtime as metadata (``MTIME_KEY``): a later run of the same
+    transfer skips it only when size and that mtime match (``current``); size alone never
+    does. With ``checksum=``, the digest of the bytes sent is stored too, and what landed is
+    verified: every request carries ``Content-MD5`` (the server refuses a body that differs,
+    ``BadDigest``, retried) and the object's ETag must be the MD5 (multipart: the MD5 of the
+    parts' MD5s) of what was sent, so a corrupted or mis-assembled object is found at once,
+    without reading it back; it is deleted and the upload retried.
+    """
 
     def __init__(self, options: MoverOptions) -> None:
         super().__init__(options)
-        self._existing: dict[str, int] | None = None  # key -> size under the destination
+        self._objects: dict[str, _Remote | None] = {}  # key -> object, None: absent
+        self._listed = False  # _objects holds every object under the destination
 
     def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
         split_url(dst)
@@ -786,15 +902,39 @@ class S3Upload(_S3Mover):
         if tree or glob:
             bucket, key = split_url(dst)
             prefix = key.rstrip("/") + "/" if key.strip("/") else ""
-            self._existing = self._run(lambda: self._sizes(bucket, prefix))
+            self._run(lambda: self._survey(bucket, prefix, tasks))
         else:
             self._run(self._s3)  # fail early on credentials
         return tasks
 
-    async def _sizes(self, bucket: str, prefix: str) -> dict[str, int] | None:
-        """Sizes of the objects already under the destination (one LIST, not a HEAD each)."""
+    async def _survey(self, bucket: str, prefix: str, tasks: list[FileTask]) -> None:
+        """Learn what is already under the destination: one LIST, then a HEAD (for the
+        metadata) only of the objects whose size matches their source, many at once. An
+        upload to a fresh prefix costs one LIST; a resumed one a HEAD per file, not a PUT."""
+        listing = await self._listing(bucket, prefix)
+        if listing is None:
+            return  # may write but not list: current() asks per object
+        self._objects, self._listed = dict(listing), True
+        keys = []
+        for task in tasks:
+            if task.kind == "file":
+                key = split_url(task.dst)[1]
+                known = listing.get(key)
+                if known is not None and known.size == task.size:
+                    keys.append(key)
+        slots = asyncio.Semaphore(self.settings.files_in_flight)
+
+        async def head(key: str) -> None:
+            async with slots:
+                self._objects[key] = await self._head_remote(bucket, key)
+
+        if keys:
+            await _first_failure([asyncio.ensure_future(head(k)) for k in keys])
+
+    async def _listing(self, bucket: str, prefix: str) -> dict[str, _Remote | None] | None:
+        """The objects under the destination (one LIST, not a HEAD each); None if denied."""
         s3 = await self._s3()
-        sizes: dict[str, int] = {}
+        found: dict[str, _Remote | None] = {}
         token: str | None = None
         while True:
             kw: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
@@ -809,29 +949,56 @@ class S3Upload(_S3Mover):
                     return None
                 raise
             for obj in page.get("Contents", []):
-                sizes[obj["Key"]] = obj["Size"]
+                found[obj["Key"]] = _Remote(obj["Size"], obj.get("LastModified"))
             token = page.get("NextContinuationToken")
             if not token:
-                return sizes
+                return found
+
+    async def _head_remote(self, bucket: str, key: str) -> _Remote | None:
+        try:
+            head = await self._head(bucket, key)
+        except S3Error as exc:
+            if exc.code in _NOT_FOUND:
+                return None
+            raise
+        meta = {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
+        return _Remote(head["ContentLength"], head.get("LastModified"), meta)
+
+    def _remote(self, task: FileTask) -> _Remote | None:
+        """The object at ``task.dst`` (HEAD once, unless the plan's survey knows it)."""
+        bucket, key = split_url(task.dst)
+        if key not in self._objects and not self._listed:
+            self._objects[key] = self._run(lambda: self._head_remote(bucket, key))
+        return self._objects.get(key)
 
     def current(self, task: FileTask) -> bool | None:
+        """True only for an object of the source's size whose bbstage mtime metadata is the
+        source's mtime (and, with ``checksum=``, whose stored digest is the source's)."""
         if task.kind == "dir":
             return True  # S3 has no directories
-        bucket, key = split_url(task.dst)
-        if self._existing is not None:
-            size = self._existing.get(key)
-            return None if size is None else size == task.size
-
-        async def head() -> bool | None:
+        remote = self._remote(task)
+        if remote is None:
+            return None
+        if remote.meta is None or remote.size != task.size or task.mtime_ns is None:
+            return False  # a LIST's size differs (else it was HEADed): not this file
+        if remote.meta.get(MTIME_KEY) != str(task.mtime_ns):
+            return False
+        if self.checksum:
+            stored = remote.meta.get(checksum_key(self.checksum))
             try:
-                meta = await self._head(bucket, key)
-            except S3Error as exc:
-                if exc.code in _NOT_FOUND:
-                    return None
-                raise
-            return meta["ContentLength"] == task.size
+                return stored == checksum.digest_path(self.checksum, task.src)
+            except OSError as exc:
+                raise os_error(exc, task.src) from None
+        return True
 
-        return self._run(head)
+    def newer(self, task: FileTask) -> bool:
+        """``overwrite=newer`` keeps the object if it was last modified (uploaded) no earlier
+        than the source's mtime. Object times have whole seconds (HEAD) or milliseconds (LIST),
+        so a source changed within that second of the upload counts as newer: it is sent."""
+        remote = self._remote(task)
+        if remote is None or remote.modified is None:
+            return False
+        return int(remote.modified.timestamp() * 1e9) >= (task.mtime_ns or 0)
 
     async def _copy_one(self, task: FileTask, progress: Progress) -> None:
         s3 = await self._s3()
@@ -842,44 +1009,119 @@ class S3Upload(_S3Mover):
             raise os_error(exc, task.src) from None
         counted = _Counted(progress)
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            size = st.st_size
             if size != task.size:
                 raise TransferError(
                     f"{task.src} changed while staging: it has {size} bytes, {task.size} when"
                     " planned (is something still writing it?)"
                 )
+            # The mtime before the bytes are read: a change while reading makes it older
+            # than the file's, so the next run sends the file again.
+            meta = {MTIME_KEY: str(st.st_mtime_ns)}
             if size < self.settings.multipart_threshold:
-                data = os.pread(fd, size, 0) if size else b""
-                if len(data) != size:
-                    raise TransferError(f"{task.src} shrank while staging", permanent=False)
-                await s3.put_object(Bucket=bucket, Key=key, Body=data, ContentLength=size)
+                await self._put(s3, bucket, key, task, fd, meta)
                 counted.add(size)
             else:
-                await self._multipart(s3, bucket, key, task, fd, counted)
+                await self._multipart(s3, bucket, key, task, fd, counted, meta)
         except BaseException:
             counted.undo()
             raise
         finally:
             os.close(fd)
 
-    async def _multipart(
-        self, s3: Any, bucket: str, key: str, task: FileTask, fd: int, progress: _Counted
+    async def _put(
+        self, s3: Any, bucket: str, key: str, task: FileTask, fd: int, meta: dict[str, str]
     ) -> None:
+        """One PutObject; with ``checksum=``, its digest, Content-MD5 and ETag check."""
+        data = os.pread(fd, task.size, 0) if task.size else b""
+        if len(data) != task.size:
+            raise TransferError(f"{task.src} shrank while staging", permanent=False)
+        extra: dict[str, Any] = {}
+        md5 = b""
+        if self.checksum:
+            digest = checksum.new(self.checksum)
+            digest.update(data)
+            meta[checksum_key(self.checksum)] = digest.hexdigest()
+            md5 = hashlib.md5(data).digest()
+            extra["ContentMD5"] = base64.b64encode(md5).decode()
+        resp = await s3.put_object(
+            Bucket=bucket, Key=key, Body=data, ContentLength=task.size, Metadata=meta, **extra
+        )
+        if self.checksum:
+            await self._check_etag(s3, bucket, key, task, resp, md5.hex())
+
+    async def _check_etag(
+        self, s3: Any, bucket: str, key: str, task: FileTask, resp: dict[str, Any], want: str
+    ) -> None:
+        """The server's ETag of what landed must be the MD5 of what we sent; if not, the
+        object is deleted (it carries a checksum its bytes do not have) and the file retried."""
+        got = str(resp.get("ETag", "")).strip('"')
+        if got == want:
+            return
+        try:
+            await s3.delete_object(Bucket=bucket, Key=key)
+        except Exception:
+            pass
+        raise TransferError(
+            f"{task.dst}: what landed is not what was sent (ETag {got}, expected {want});"
+            " deleted, sending it again",
+            permanent=False,
+        )
+
+    async def _multipart(
+        self,
+        s3: Any,
+        bucket: str,
+        key: str,
+        task: FileTask,
+        fd: int,
+        progress: _Counted,
+        meta: dict[str, str],
+    ) -> None:
+        """Parts of ``part_size`` with at most ``max_concurrency`` in flight. With
+        ``checksum=`` the digest goes into the metadata at create time, so the file is hashed
+        first; the parts are then read in order and hashed again, and the upload completes
+        only if both digests agree (the bytes sent are the bytes the metadata describes)."""
         step = max(self.settings.part_size, -(-task.size // 10_000))
+        offsets = range(0, task.size, step)
+        hasher: Any = None
+        if self.checksum:
+            digest = await asyncio.to_thread(checksum.digest_fd, self.checksum, fd)
+            meta[checksum_key(self.checksum)] = digest
+            hasher = checksum.new(self.checksum)
         asked = time.monotonic()
-        created = await s3.create_multipart_upload(Bucket=bucket, Key=key)
+        created = await s3.create_multipart_upload(Bucket=bucket, Key=key, Metadata=meta)
         upload_id = created["UploadId"]
         window = _create_window(created, time.monotonic() - asked)
         slots = self._part_slots
         assert slots is not None
         etags: dict[int, str] = {}
+        md5s: dict[int, bytes] = {}
+        # With a checksum, part i reads only after part i-1 has read (and hashed) its bytes.
+        read = [asyncio.Event() for _ in offsets] if hasher is not None else []
+
+        def load(offset: int, n: int) -> tuple[bytes, bytes]:
+            data = os.pread(fd, n, offset)
+            if hasher is None:
+                return data, b""
+            hasher.update(data)
+            return data, hashlib.md5(data).digest()
 
         async def part(number: int, offset: int) -> None:
+            if read and number > 1:
+                await read[number - 2].wait()
             async with slots:
                 n = min(step, task.size - offset)
-                data = await asyncio.to_thread(os.pread, fd, n, offset)
+                data, md5 = await asyncio.to_thread(load, offset, n)
+                if read:
+                    read[number - 1].set()
                 if len(data) != n:
                     raise TransferError(f"{task.src} shrank while staging", permanent=False)
+                extra: dict[str, Any] = {}
+                if md5:
+                    md5s[number] = md5
+                    extra["ContentMD5"] = base64.b64encode(md5).decode()
                 resp = await self._retry(
                     task.dst,
                     lambda: s3.upload_part(
@@ -889,18 +1131,24 @@ class S3Upload(_S3Mover):
                         PartNumber=number,
                         Body=data,
                         ContentLength=n,
+                        **extra,
                     ),
                 )
                 etags[number] = resp["ETag"]
                 progress.add(n)
 
         try:
-            offsets = range(0, task.size, step)
             await _first_failure(
                 [asyncio.ensure_future(part(i + 1, off)) for i, off in enumerate(offsets)]
             )
+            if hasher is not None and hasher.hexdigest() != meta[checksum_key(self.checksum)]:
+                raise TransferError(
+                    f"{task.src} changed while staging: its {self.checksum} checksum is not"
+                    " what it was when the upload began",
+                    permanent=False,
+                )
             parts = [{"PartNumber": n, "ETag": etags[n]} for n in sorted(etags)]
-            await s3.complete_multipart_upload(
+            done = await s3.complete_multipart_upload(
                 Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
             )
         except BaseException:
@@ -912,6 +1160,9 @@ class S3Upload(_S3Mover):
             raise
         finally:
             await self._abort_lost_creates(s3, bucket, key, upload_id, window)
+        if hasher is not None:
+            whole = hashlib.md5(b"".join(md5s[n] for n in sorted(md5s))).hexdigest()
+            await self._check_etag(s3, bucket, key, task, done, f"{whole}-{len(md5s)}")
 
     async def _abort_lost_creates(
         self, s3: Any, bucket: str, key: str, ours: str, window: tuple[float, float] | None
