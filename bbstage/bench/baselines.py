@@ -44,6 +44,6 @@ def run_order(contenders: list[str], rep: int) -> list[str]:
     other repetition, the other baselines (rsync) come last. So ours and cp each start a
     repetition, right after the slowest contender of the one before, equally often, and
     each follows the other equally often (a plain rotation does not: see
-    docs/performance.md, "POSIX staging: how it is measured")."""
+    docs/performance.md, "POSIX staging: what makes the difference")."""
     head, rest = contenders[:2], contenders[2:]
     return (head if rep % 2 == 0 else head[::-1]) + rest

@@ -112,7 +112,7 @@ def temp_name(dst: str, job_id: str) -> str:
     return os.path.join(head, f".{tail}.bbstage-{job_id}-{uuid.uuid4().hex[:8]}.part")
 
 
-class atomic_file:  # noqa: N801 - used as a function: ``with atomic_file(...) as fd``
+class atomic_file:  # lower case: used as a function, ``with atomic_file(...) as fd``
     """Yield a write fd on a fresh temporary file in ``task.dst``'s directory; put it in place
     (with the source's mode and mtime) only if the block completes; remove it otherwise.
 
@@ -120,8 +120,8 @@ class atomic_file:  # noqa: N801 - used as a function: ``with atomic_file(...) a
     place at the end: one directory operation per file instead of create + rename, and a
     killed worker leaves nothing behind. Others are a named ``.part`` file (reported through
     ``progress.temp`` so a killed worker's leftovers can be removed) renamed into place, as
-    cp and rsync do: on ext4 a cold 4 GiB copy into an unnamed file took 5.3 s (median of 6
-    runs, each order of the three once) against 4.8 s into a named one and 4.95 s for cp.
+    cp and rsync do: on ext4 a big file copied faster that way than into an unnamed one
+    (docs/performance.md, "POSIX staging: what makes the difference").
     (A class, not ``@contextmanager``: it runs once per file, and small files are many.)
     """
 

@@ -24,8 +24,8 @@ class PosixMover(Mover):
 
     def streams(self, tasks: list[FileTask]) -> int:
         """One stream when source and destination are both on local block devices: there
-        every create goes through one journal and parallel threads only contend (10,000
-        small files on ext4 ran 1.3x cp with 8 threads, 1.7x with one fed by ``prefetch``).
+        every create goes through one journal and parallel threads only contend (one thread
+        fed by ``prefetch`` beat 8: docs/performance.md, "POSIX staging").
         Network and parallel file systems (no block device: NFS, Lustre, GPFS, ...) hide
         their round trips behind ``options.threads`` streams."""
         first = next((t for t in tasks if t.kind == "file"), None)
@@ -76,8 +76,8 @@ class PosixMover(Mover):
         chunk = self.options.chunk_size
         if size < 2 * chunk or self.options.threads < 2 or _same_device(src, dst):
             # One stream. Parallel chunks pay off reading from a parallel or network file
-            # system; within one device they only make the disk seek (a local ext4 copy
-            # ran at half of cp's speed with 8 streams): there, copy like cp does.
+            # system; within one device they only make the disk seek (docs/performance.md,
+            # "POSIX staging"): there, copy like cp does.
             _copy_stream(src, dst, size, progress, cancel)
             return
         os.ftruncate(dst, size)
@@ -118,7 +118,7 @@ def _copy_stream(
 ) -> None:
     """Copy a whole file as ``cp`` does: ``copy_file_range`` on the file positions, asking
     for all that is left (the kernel caps one call near 2 GiB). Few, large calls keep the
-    kernel's readahead going: 16 MiB calls copied a cold 4 GiB file at 0.6x cp's speed.
+    kernel's readahead going (16 MiB calls were much slower: docs/performance.md).
     A cancel is seen between calls; the executor's SIGKILL bounds a long one."""
     done = 0
     while done < size:
