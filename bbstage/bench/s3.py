@@ -17,6 +17,7 @@ from bbstage.bench.progress import progress_bar
 from bbstage.bench.results import result
 from bbstage.bench.transfer import make_spec, run_transfer
 from bbstage.movers import MoverOptions
+from bbstage.transfer import TransferSpec
 
 
 def bench_s3(opts: Options, src: Location, dst: Location) -> dict[str, Any]:
@@ -42,7 +43,7 @@ def bench_s3(opts: Options, src: Location, dst: Location) -> dict[str, Any]:
             remote_data = f"{remote_root}/{name}"
             local_dst = os.path.join(local_root, "dst", name)
 
-            def spec(a: str, b: str) -> dict[str, Any]:
+            def spec(a: str, b: str) -> TransferSpec:
                 kinds = ("posix", "s3") if a == data else ("s3", "posix")
                 return make_spec(a, b, *kinds, opts.config, tree=tree, checksum=opts.checksum,
                                  profile=opts.profile)  # fmt: skip

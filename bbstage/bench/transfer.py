@@ -13,7 +13,7 @@ from bbstage import worker
 from bbstage.bench.model import BenchError, Plan, Run
 from bbstage.config import Config
 from bbstage.movers import FileTask
-from bbstage.transfer import Planned
+from bbstage.transfer import Planned, TransferSpec
 
 SAMPLE_EVERY = 0.1  # seconds between throughput samples
 
@@ -59,25 +59,24 @@ def make_spec(
     tree: bool,
     checksum: str = "none",
     profile: str | None = None,
-) -> dict[str, Any]:
+) -> TransferSpec:
     """A transfer spec as ``Engine._spec`` builds it for a directive."""
-    return {
-        "job_id": f"bench-{os.getpid()}",
-        "source": source,
-        "destination": destination,
-        "source_kind": source_kind,
-        "destination_kind": destination_kind,
-        "tree": tree,
-        "glob": False,
-        "checksum": checksum,
-        "overwrite": "always",
-        "threads": config.threads_per_transfer,
-        "chunk_size": config.chunk_size,
-        "extra": {"s3": config.s3, "profile": profile},
-    }
+    return TransferSpec(
+        job_id=f"bench-{os.getpid()}",
+        source=source,
+        destination=destination,
+        source_kind=source_kind,
+        destination_kind=destination_kind,
+        tree=tree,
+        checksum=checksum,
+        overwrite="always",
+        threads=config.threads_per_transfer,
+        chunk_size=config.chunk_size,
+        extra={"s3": config.s3, "profile": profile},
+    )
 
 
-def run_transfer(spec: dict[str, Any], expect: Plan, show: Callable[..., Any] | None) -> Run:
+def run_transfer(spec: TransferSpec, expect: Plan, show: Callable[..., Any] | None) -> Run:
     """Run ``worker.run(spec)`` in a thread, sampling progress every SAMPLE_EVERY seconds."""
     reporter, cancel = BenchReporter(), threading.Event()
     failure: list[BaseException] = []
