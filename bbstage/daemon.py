@@ -79,7 +79,7 @@ async def _main(config: Config) -> int:
     recording.cancel()
     await server.close()
     # Transfers stop; their state stays "running" and resumes on the next start.
-    await asyncio.to_thread(executor.shutdown)
+    await engine.stop()
     store.close()
     log.info("daemon stopped")
     return 0

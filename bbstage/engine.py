@@ -8,9 +8,10 @@ the result already recorded.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -18,8 +19,9 @@ from bbstage import directives, metrics, scratch, staged
 from bbstage.config import Config
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
+from bbstage.movers import Cancelled, TransferError
 from bbstage.movers.implementations import s3 as s3mover
-from bbstage.protocol import Reply, Request
+from bbstage.protocol import BUSY, OK, Reply, Request
 from bbstage.state import (
     CANCELLED,
     DONE,
@@ -31,10 +33,12 @@ from bbstage.state import (
     JobRow,
     Store,
 )
+from bbstage.transfer import Done, Event, Moved, Overwrite, Planned, ScratchLimit, TransferSpec
 
 log = structlog.get_logger("bbstage.engine")
 
 PROGRESS_EVERY = 1.0  # seconds between saves of the running transfers' progress
+ATTEMPTS = 3  # a transfer that fails transiently (e.g. its worker was killed) is run again
 _PHASE = {"stage_in": ("staging_in", "staged_in"), "stage_out": ("staging_out", "staged_out")}
 
 
@@ -43,9 +47,12 @@ class Engine:
         self.config, self.store, self.executor = config, store, executor
         self._staged = staged.directory(config)
         staged.prepare(self._staged)
-        self._active: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._active: dict[tuple[str, int], asyncio.Future[Done]] = {}
         # Running transfers' latest plan/progress counts, saved by record_progress.
         self._counts: dict[tuple[str, int], dict[str, int]] = {}
+        self._plans: dict[tuple[str, int], Planned] = {}  # what each running transfer promised
+        self._attempts: dict[tuple[str, int], int] = {}
+        self._stopping = False
         self._ops: dict[str, Callable[[Request], Awaitable[Reply]]] = {
             "setup": self.setup,
             "data_in": self.data_in,
@@ -79,6 +86,13 @@ class Engine:
         metrics.HOOKS.labels(request.op, reply.status).inc()
         return reply
 
+    async def stop(self) -> None:
+        """Stop every transfer for a shutdown. What they stopped in the middle stays
+        ``running`` in the state (the files already committed stay in place) and resumes on
+        the next start: a transfer stopped by a shutdown is never recorded as finished."""
+        self._stopping = True
+        await asyncio.to_thread(self.executor.shutdown)
+
     def resume(self) -> None:
         """After a restart: continue every transfer that was under way."""
         for job in self.store.jobs(("staging_in", "staging_out")):
@@ -95,7 +109,9 @@ class Engine:
         job_id = req.job_id
         job = self.store.job(job_id)
         if job is not None and job.state not in FINISHED:
-            return Reply.ok()  # a re-run of setup: already done
+            if _same_job(job, req):
+                return Reply.ok()  # a re-run of setup: already done
+            await self._forget_stale(job)
         if req.get("stage_in") is True:
             job = self._create(req, job_id, state="staging_in")
             # Right after this reply goes out: Slurm sets up a job array's tasks in bursts,
@@ -105,7 +121,25 @@ class Engine:
             self._create(req, job_id)
         return Reply.ok()
 
-    def _create(self, req: Request, job_id: str, state: str = "setup") -> JobRow:
+    async def _forget_stale(self, job: JobRow) -> None:
+        """A new job reuses the id of an unfinished record (Slurm's job ids started again, or
+        a teardown was lost): stop the old transfers, set aside a scratch that still holds
+        results (``<pool>/<id>.kept-<time>``), and let the new job have the id."""
+        log.warning("job id reused: the unfinished earlier record is replaced", job_id=job.job_id,
+                    old_uid=job.uid, old_state=job.state)  # fmt: skip
+        running = [d for d in job.directives if (job.job_id, d.idx) in self._active]
+        await asyncio.gather(*(self._cancel(job.job_id, d.idx) for d in running))
+        pool = self.config.pool(job.pool)
+        if pool is not None and job.scratch:
+            if _outputs_at_risk(job):
+                kept = await asyncio.to_thread(scratch.set_aside, pool, job.job_id)
+                log.warning("scratch kept", job_id=job.job_id, scratch=str(kept))
+            else:
+                await asyncio.to_thread(scratch.remove, pool, job.job_id)
+
+    def _create(
+        self, req: Request, job_id: str, state: str = "setup", origin: str = "setup"
+    ) -> JobRow:
         """Record a new job (in ``state``) and create its scratch space; ValueError if the
         script, the owner or the pool request is not acceptable."""
         parsed = directives.parse(req.get("script", ""))
@@ -136,6 +170,7 @@ class Engine:
             scratch=path,
             directives=parsed["directives"],
             state=state,
+            origin=origin,
         )
         log.info("job created", job_id=job_id, directives=len(job.directives))
         return job
@@ -157,7 +192,9 @@ class Engine:
         return Reply.ok(str(job.size) if job and job.size else "")
 
     async def pre_run(self, req: Request) -> Reply:
-        job = self._job(req)
+        job = self._known(req)  # never start a job whose inputs nobody vouches for
+        if job.state in ("setup", "staging_in") or self._test(job.job_id, "stage_in").status != OK:
+            raise ValueError(f"job {job.job_id}: its stage-in has not finished ({job.state})")
         if req.get("nodes"):  # 24.05+: job_info.nodes, known from pre_run on
             log.info("job starts", job_id=job.job_id, nodes=req.get("nodes"))
         if job.state not in FINISHED:
@@ -165,7 +202,7 @@ class Engine:
         return Reply.ok()
 
     async def post_run(self, req: Request) -> Reply:
-        self._job(req)
+        self._known(req)
         return Reply.ok()
 
     async def teardown(self, req: Request) -> Reply:
@@ -181,11 +218,17 @@ class Engine:
                 "transfers cancelled", job_id=job.job_id, directives=[d.idx for d in cancelled]
             )
         pool = self.config.pool(job.pool)
-        if _outputs_at_risk(job):
+        if job.origin != "setup":
+            # Recreated after the daemon lost its state: whatever scratch holds is not ours
+            # to judge, so it stays (an admin removes it; `bbstage jobs` lists it).
+            error = f"state was lost: scratch {job.scratch} kept"
+            self.store.set_job(job.job_id, state="failed", error=_join(job.error, error))
+            log.warning("scratch kept", job_id=job.job_id, scratch=job.scratch, reason="recovered")
+        elif _outputs_at_risk(job):
             # Never delete results that did not reach their destination.
             days = self.config.retention_days
             error = f"stage-out incomplete: outputs kept in {job.scratch} for {days:g} days"
-            self.store.set_job(job.job_id, state="failed", error=f"{job.error}; {error}")
+            self.store.set_job(job.job_id, state="failed", error=_join(job.error, error))
             log.warning("scratch kept", job_id=job.job_id, scratch=job.scratch)
         else:
             if pool is not None:
@@ -224,30 +267,47 @@ class Engine:
 
     # -- staging ------------------------------------------------------------------------------
 
-    def _job(self, req: Request) -> JobRow:
+    def _known(self, req: Request) -> JobRow:
         job = self.store.job(req.job_id)
         if job is None:
-            if req.get("uid") is None:
-                raise ValueError(
-                    f"job {req.job_id} is unknown to the staging daemon (its state was lost):"
-                    " requeue the job"
-                )
-            job = self._create(req, req.job_id)  # 24.05+ hooks carry uid and gid
+            raise ValueError(
+                f"job {req.job_id} is unknown to the staging daemon (its state was lost):"
+                " requeue the job"
+            )
         return job
 
+    def _job(self, req: Request, verb: str) -> JobRow:
+        """The job, or (24.05+ hooks carry uid and gid) a record made again from the request
+        after the daemon lost its state: marked ``recovered``, so teardown deletes nothing."""
+        job = self.store.job(req.job_id)
+        if job is None and req.get("uid") is not None and req.get("script"):
+            state = "setup" if verb == "stage_in" else "running"
+            job = self._create(req, req.job_id, state=state, origin="recovered")
+            log.warning("job recreated after a lost state", job_id=job.job_id, phase=verb)
+        return job or self._known(req)
+
     async def _stage(self, req: Request, verb: str) -> Reply:
-        job = self._job(req)
+        job = self._job(req, verb)
         if job.state in FINISHED:
             if any(d.verb == verb and d.state in (FAILED, CANCELLED) for d in job.directives):
                 return self._test(job.job_id, verb)  # e.g. the stage-in setup started failed
             return Reply.error(f"job {job.job_id} was already torn down ({job.state})")
         futures = self._begin(job, verb)
-        if req.get("wait", True):
-            await asyncio.gather(*futures, return_exceptions=True)
-            return self._test(job.job_id, verb)
-        return Reply.ok()
+        if not req.get("wait", True):
+            return Reply.ok()
+        # Before 24.05 an answer is final: Slurm runs the job on any success. So wait until
+        # no transfer of this direction runs (a transient failure starts a new attempt).
+        # asyncio.wait, not gather: a hook that goes away must not cancel the transfers.
+        keys = [(job.job_id, d.idx) for d in job.directives if d.verb == verb]
+        while futures:
+            await asyncio.wait(futures)
+            futures = [self._active[k] for k in keys if k in self._active]
+        reply = self._test(job.job_id, verb)
+        if reply.status == BUSY:  # e.g. stopped by a shutdown: never "done" by default
+            return Reply.error(f"job {job.job_id}: {verb} interrupted, try again")
+        return reply
 
-    def _begin(self, job: JobRow, verb: str) -> list[asyncio.Future[None]]:
+    def _begin(self, job: JobRow, verb: str) -> list[asyncio.Future[Done]]:
         """Enter the phase (unless the job is in it or past it) and start or join its transfers."""
         staging, staged = _PHASE[verb]
         if job.state not in (staging, staged):
@@ -255,7 +315,7 @@ class Engine:
             job = self.store.job(job.job_id) or job
         return self._start_phase(job, verb)
 
-    def _start_phase(self, job: JobRow, verb: str) -> list[asyncio.Future[None]]:
+    def _start_phase(self, job: JobRow, verb: str) -> list[asyncio.Future[Done]]:
         """Start (or join) every unfinished directive of one direction."""
         futures = []
         for d in job.directives:
@@ -268,21 +328,26 @@ class Engine:
             self._settle(self.store.job(job.job_id), verb)  # nothing (left) to move
         return futures
 
-    def _start(self, job: JobRow, d: DirectiveRow) -> asyncio.Future[None]:
+    def _start(self, job: JobRow, d: DirectiveRow) -> asyncio.Future[Done]:
         key = (job.job_id, d.idx)
         if key in self._active:
             return self._active[key]
         assert job.uid is not None and job.gid is not None
         identity = Identity.of(job.uid, job.gid)
-        spec = self._spec(job, d)
+        # An earlier attempt (before a restart, or killed) may have left temporary files.
+        spec = self._spec(job, d).but(resumed=d.started is not None)
         self.store.set_directive(job.job_id, d.idx, state=RUNNING, error="", started=time.time())
+        self._plans.pop(key, None)
 
-        def on_event(event: tuple[Any, ...]) -> None:  # in the executor's thread
+        def on_event(event: Event) -> None:  # in the executor's thread
             counts = self._counts.get(key, {})
-            if event[0] == "plan":
-                self._counts[key] = {**counts, "bytes_total": event[1], "files_total": event[2]}
-            elif event[0] == "progress":
-                self._counts[key] = {**counts, "bytes_done": event[1], "files_done": event[2]}
+            if isinstance(event, Planned):
+                self._plans[key] = event
+                self._counts[key] = {**counts, "bytes_total": event.bytes,
+                                     "files_total": event.files}  # fmt: skip
+            elif isinstance(event, Moved):
+                self._counts[key] = {**counts, "bytes_done": event.bytes,
+                                     "files_done": event.files}  # fmt: skip
 
         cf = self.executor.submit(f"{job.job_id}:{d.idx}", spec, identity, on_event)
         future = asyncio.wrap_future(cf)
@@ -291,17 +356,44 @@ class Engine:
         log.debug("transfer started", job_id=job.job_id, directive=d.idx, verb=d.verb)
         return future
 
-    def _finished(self, job_id: str, d: DirectiveRow, future: asyncio.Future[None]) -> None:
-        self._active.pop((job_id, d.idx), None)
-        counts = self._counts.pop((job_id, d.idx), {})
-        exc = None if future.cancelled() else future.exception()
+    def _finished(self, job_id: str, d: DirectiveRow, future: asyncio.Future[Done]) -> None:
+        """Record a transfer's outcome: done only from the worker's manifest, and only if it
+        covers everything the worker planned; a shutdown records nothing (resumed later)."""
+        key = (job_id, d.idx)
+        self._active.pop(key, None)
+        counts = self._counts.pop(key, {})
+        plan = self._plans.pop(key, None)
+        if future.cancelled() or (self._stopping and future.exception() is not None):
+            log.info("transfer interrupted, resumes on start", job_id=job_id, directive=d.idx)
+            return
+        exc = future.exception()
         now = time.time()
         if exc is None:
+            done = future.result()
+            if plan is None or not done.covers(plan):
+                exc = TransferError(
+                    f"incomplete: the worker committed {done.files} files ({done.bytes} bytes)"
+                    f" of the {plan.files if plan else '?'} files"
+                    f" ({plan.bytes if plan else '?'} bytes) it planned"
+                )
+        if exc is None:
             state = DONE
+            self._attempts.pop(key, None)
             self.store.set_directive(job_id, d.idx, state=DONE, finished=now, **counts)
             log.info("transfer done", job_id=job_id, directive=d.idx)
         else:
-            state = CANCELLED if str(exc) == "cancelled" else FAILED
+            transient = isinstance(exc, TransferError) and not exc.permanent
+            attempt = self._attempts.get(key, 1)
+            job = self.store.job(job_id)
+            if transient and attempt < ATTEMPTS and job is not None:
+                self._attempts[key] = attempt + 1
+                log.warning("transfer failed, trying again", job_id=job_id, directive=d.idx,
+                            attempt=attempt, error=str(exc))  # fmt: skip
+                row = next(r for r in job.directives if r.idx == d.idx)
+                self._start(job, row)
+                return
+            self._attempts.pop(key, None)
+            state = CANCELLED if isinstance(exc, Cancelled) else FAILED
             self.store.set_directive(
                 job_id, d.idx, state=state, error=str(exc), finished=now, **counts
             )
@@ -342,46 +434,64 @@ class Engine:
         return Reply.busy()
 
     async def _cancel(self, job_id: str, idx: int) -> None:
+        self._attempts[(job_id, idx)] = ATTEMPTS  # a cancelled transfer is not tried again
         future = self._active.get((job_id, idx))
         await asyncio.to_thread(self.executor.cancel, f"{job_id}:{idx}")
         if future is not None:
-            await asyncio.gather(future, return_exceptions=True)
+            await asyncio.wait([future])
 
-    def _spec(self, job: JobRow, d: DirectiveRow) -> dict[str, Any]:
+    def _spec(self, job: JobRow, d: DirectiveRow) -> TransferSpec:
+        """The one place a directive becomes a transfer spec."""
         spec = d.spec
         options = spec.get("options", {})
-        return {
-            "job_id": job.job_id,
-            "source": scratch.resolve(spec["source"], job.scratch),
-            "destination": scratch.resolve(spec["destination"], job.scratch),
-            "source_kind": spec.get("source_kind", "posix"),
-            "destination_kind": spec.get("destination_kind", "posix"),
-            "tree": bool(spec.get("tree")),
-            "glob": bool(spec.get("glob")),
-            "checksum": options.get("checksum", "none"),
-            "overwrite": options.get("overwrite", "always"),
-            "threads": self.config.threads_per_transfer,
-            "chunk_size": self.config.chunk_size,
-            "extra": s3mover.spec_extra(self.config.s3, job.uid or 0, options.get("profile")),
-            "scratch_limit": _scratch_limit(job, spec),
-        }
+        return TransferSpec(
+            job_id=job.job_id,
+            source=scratch.resolve(spec["source"], job.scratch),
+            destination=scratch.resolve(spec["destination"], job.scratch),
+            source_kind=spec.get("source_kind", "posix"),
+            destination_kind=spec.get("destination_kind", "posix"),
+            tree=bool(spec.get("tree")),
+            glob=bool(spec.get("glob")),
+            checksum=options.get("checksum", "none"),
+            overwrite=cast(Overwrite, options.get("overwrite", "always")),
+            threads=self.config.threads_per_transfer,
+            chunk_size=self.config.chunk_size,
+            extra=s3mover.spec_extra(self.config.s3, job.uid or 0, options.get("profile")),
+            scratch_limit=_scratch_limit(job, spec),
+        )
 
 
 def _outputs_at_risk(job: JobRow) -> bool:
-    """Did a stage-out from scratch start but not finish? Then scratch holds the only copy."""
+    """Does scratch hold results not yet staged out? A stage-out from it started and did
+    not finish, or the job ran (or was running when torn down) and one never started."""
+    ran = job.state in ("running", "staging_out")
     return any(
         d.verb == "stage_out"
         and d.spec.get("source_kind") == "scratch"
-        and d.state in (RUNNING, FAILED, CANCELLED)
+        and (d.state in (RUNNING, FAILED, CANCELLED) or (ran and d.state == PENDING))
         for d in job.directives
     )
 
 
-def _scratch_limit(job: JobRow, spec: dict[str, Any]) -> dict[str, Any] | None:
+def _same_job(job: JobRow, req: Request) -> bool:
+    """Is a setup request for ``job`` a re-run (same owner and directives), not a new job
+    that reuses the id?"""
+    if (job.uid, job.gid) != (int(req.get("uid", -1)), int(req.get("gid", -1))):
+        return False
+    parsed = directives.parse(req.get("script", ""))
+    mine = [d.spec for d in job.directives]
+    return json.dumps(mine, sort_keys=True) == json.dumps(parsed["directives"], sort_keys=True)
+
+
+def _scratch_limit(job: JobRow, spec: dict[str, Any]) -> ScratchLimit | None:
     """Staging into scratch may use at most the job's ``capacity=`` (when it asked for one)."""
     if spec.get("destination_kind") != "scratch" or not job.size or not job.scratch:
         return None
-    return {"path": job.scratch, "capacity": job.size}
+    return ScratchLimit(job.scratch, job.size)
+
+
+def _join(*errors: str) -> str:
+    return "; ".join(e for e in errors if e)
 
 
 def _slurm_value(value: Any) -> str | None:

@@ -1,8 +1,9 @@
 """Runs transfers in worker processes, each as the job's user.
 
 ``TransferExecutor.submit`` is ``concurrent.futures``-style: it returns a Future that resolves
-to ``None`` on success or raises ``TransferError``; a distributed executor with the same two
-methods (``submit``, ``cancel``) can replace it.
+to the worker's ``Done`` manifest, or raises ``Cancelled`` (asked for with ``cancel``) or
+``TransferError``; a distributed executor with the same two methods (``submit``, ``cancel``)
+can replace it.
 
 A worker process drops to one user's uid, gid and groups for good, then runs that user's
 transfers one at a time. After a transfer it waits, idle, for the next one of the same
@@ -27,8 +28,8 @@ from typing import Any
 from bbstage import worker
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
+from bbstage.transfer import Done, Event, Failed, TempFile, TransferSpec
 
-Event = tuple[Any, ...]
 KILL_AFTER = 1.5  # seconds between SIGTERM and SIGKILL on cancel
 IDLE_RETIRE = 10.0  # seconds an idle worker is kept for its user's next transfer
 
@@ -97,12 +98,13 @@ class TransferExecutor:
     def submit(
         self,
         key: str,
-        spec: dict[str, Any],
+        spec: TransferSpec,
         identity: Identity,
         on_event: Callable[[Event], None],
-    ) -> Future[None]:
-        """Start a transfer; ``on_event`` gets the worker's plan/progress events (any thread)."""
-        future: Future[None] = Future()
+    ) -> Future[Done]:
+        """Start a transfer; ``on_event`` gets the worker's ``Planned`` and ``Moved`` events
+        (in an executor thread)."""
+        future: Future[Done] = Future()
         with self._lock:
             self._cancelled.discard(key)
             self._submitted += 1
@@ -110,7 +112,7 @@ class TransferExecutor:
         self._threads.submit(self._guarded, key, spec, identity, on_event, future)
         return future
 
-    def _done(self, _future: Future[None]) -> None:
+    def _done(self, _future: Future[Done]) -> None:
         with self._lock:
             self._submitted -= 1
 
@@ -141,7 +143,7 @@ class TransferExecutor:
 
     def _guarded(self, *args: Any) -> None:
         """Run a transfer; whatever happens, its future gets an outcome."""
-        future: Future[None] = args[-1]
+        future: Future[Done] = args[-1]
         try:
             self._run(*args)
         except Exception as exc:
@@ -151,13 +153,13 @@ class TransferExecutor:
     def _run(
         self,
         key: str,
-        spec: dict[str, Any],
+        spec: TransferSpec,
         identity: Identity,
         on_event: Callable[[Event], None],
-        future: Future[None],
+        future: Future[Done],
     ) -> None:
         temps: list[str] = []
-        outcome: Event | None = None
+        outcome: Done | Failed | None = None
         current = self._acquire(key, identity)
         if current is None:
             future.set_exception(Cancelled())
@@ -166,9 +168,9 @@ class TransferExecutor:
             current.conn.send(spec)
             while outcome is None:
                 event = current.conn.recv()
-                if event[0] == "temp":
-                    temps.append(event[1])
-                elif event[0] in ("done", "error"):
+                if isinstance(event, TempFile):
+                    temps.append(event.path)
+                elif isinstance(event, Done | Failed):
                     outcome = event
                 else:
                     on_event(event)
@@ -178,7 +180,7 @@ class TransferExecutor:
             with self._lock:
                 self._running.pop(key, None)
                 cancelled = key in self._cancelled
-                reuse = outcome is not None and outcome[0] == "done" and not cancelled
+                reuse = isinstance(outcome, Done) and not cancelled
                 if reuse:
                     current.idle_since = time.monotonic()
                     self._idle.append(current)
@@ -188,11 +190,11 @@ class TransferExecutor:
                     stale = [current]
         for each in stale:
             each.retire()
-        if outcome is None or outcome[0] == "error":
+        if not isinstance(outcome, Done):
             # Killed, crashed or failed: make sure no partial file is left behind.
             self._cleanup(temps, identity)
-        if outcome is not None and outcome[0] == "done":
-            future.set_result(None)
+        if isinstance(outcome, Done):
+            future.set_result(outcome)
         elif cancelled:
             future.set_exception(Cancelled())
         elif outcome is None:  # retired above: its exit code is known
@@ -200,7 +202,7 @@ class TransferExecutor:
                 TransferError(f"worker exited with code {current.proc.exitcode}", permanent=False)
             )
         else:
-            future.set_exception(TransferError(outcome[1], permanent=outcome[2]))
+            future.set_exception(TransferError(outcome.message, permanent=outcome.permanent))
 
     def _acquire(self, key: str, identity: Identity) -> _Worker | None:
         """A worker for this transfer, registered as running; None if it was cancelled

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 from bbstage.config import Pool
@@ -27,6 +28,14 @@ def create(pool: Pool, job_id: str, uid: int, gid: int) -> Path:
     os.chown(path, uid, gid, follow_symlinks=False)
     os.chmod(path, 0o700)
     return path
+
+
+def set_aside(pool: Pool, job_id: str) -> Path:
+    """Rename the job's scratch directory out of the way of a new job with the same id
+    (``<id>.kept-<time>``), keeping what it holds; the new name."""
+    kept = pool.root / f"{job_id}.kept-{int(time.time())}"
+    os.rename(job_dir(pool, job_id), kept)
+    return kept
 
 
 def remove(pool: Pool, job_id: str) -> None:

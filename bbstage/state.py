@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     pool TEXT, size INTEGER, scratch TEXT,
     state TEXT NOT NULL,
     error TEXT NOT NULL DEFAULT '',
-    created REAL NOT NULL, updated REAL NOT NULL
+    created REAL NOT NULL, updated REAL NOT NULL,
+    origin TEXT NOT NULL DEFAULT 'setup'
 );
 CREATE TABLE IF NOT EXISTS directives (
     job_id TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
@@ -92,6 +93,7 @@ class JobRow:
     error: str
     created: float
     updated: float
+    origin: str = "setup"  # "recovered": made again from a hook after the state was lost
     directives: list[DirectiveRow] = field(default_factory=list)
 
 
@@ -113,6 +115,9 @@ class Store:
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
+        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(jobs)")}
+        if "origin" not in columns:  # a database from before the column
+            self._db.execute("ALTER TABLE jobs ADD COLUMN origin TEXT NOT NULL DEFAULT 'setup'")
         # Checkpoints (which fsync) run in a thread of their own, never inside a commit.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._closed = threading.Event()
@@ -172,6 +177,7 @@ class Store:
         scratch: str | None,
         directives: list[dict[str, Any]],
         state: str = "setup",
+        origin: str = "setup",
     ) -> JobRow:
         """(Re)create a job and its directives; any earlier record of the job id is replaced."""
         now = time.time()
@@ -179,12 +185,13 @@ class Store:
             DirectiveRow(job_id, d["index"], d["line"], d["verb"], d["source"], d["destination"], d)
             for d in directives
         ]
-        job = JobRow(job_id, uid, gid, pool, size, scratch, state, "", now, now, rows)
+        job = JobRow(job_id, uid, gid, pool, size, scratch, state, "", now, now, origin, rows)
         with self._tx(job_id) as db:
             db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
             db.execute(
-                "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, uid, gid, pool, size, scratch, state, "", now, now),
+                "INSERT INTO jobs (job_id, uid, gid, pool, size, scratch, state, error, created,"
+                " updated, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (job_id, uid, gid, pool, size, scratch, state, "", now, now, origin),
             )
             db.executemany(
                 "INSERT INTO directives (job_id, idx, line, verb, source, destination, spec)"

@@ -1,10 +1,10 @@
 """Transfers, run in a worker process that has dropped to the job owner's identity.
 
-The parent (``bbstage.executor``) sends a spec; the worker plans the copy, copies many files
-(or the chunks of one big file) concurrently, and reports events over a pipe:
-``("plan", bytes, files)``, ``("progress", bytes, files)``, ``("temp", path)``, then one of
-``("done",)`` or ``("error", message, permanent)``. Then it waits for the next spec of the
-same user (a new process costs more than a small transfer does).
+The parent (``bbstage.executor``) sends a ``TransferSpec``; the worker plans the copy, copies
+many files (or the chunks of one big file) concurrently, and reports events over a pipe
+(``bbstage.transfer``): ``Planned``, ``Moved`` now and then, ``TempFile``, then one of
+``Done`` (the manifest: what it committed, counted file by file) or ``Failed``. Then it waits
+for the next spec of the same user (a new process costs more than a small transfer does).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import pwd
+import re
 import signal
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any
 from bbstage import movers
 from bbstage.identity import Identity
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
+from bbstage.transfer import Done, Failed, Moved, Planned, ScratchLimit, TempFile, TransferSpec
 
 RETRIES = 5
 BACKOFF_CAP = 8.0
@@ -31,14 +33,16 @@ READ_AHEAD_BYTES = 128 << 20
 
 
 class _Reporter:
-    """Thread-safe progress sink that batches reports to the parent."""
+    """Thread-safe progress sink that batches reports to the parent, and keeps the manifest:
+    the files committed and their bytes, counted apart from the movers' progress."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn, self._lock = conn, threading.Lock()
         self.bytes = self.files = 0
+        self.committed = Done(0, 0)
         self._last = time.monotonic()  # the first report after _REPORT_EVERY
 
-    def send(self, *event: Any) -> None:
+    def send(self, event: Any) -> None:
         with self._lock:
             self._conn.send(event)
 
@@ -47,43 +51,24 @@ class _Reporter:
             self.bytes += nbytes
             self._maybe_report()
 
-    def file_done(self, seconds: float | None = None) -> None:
-        """One more file in place; ``seconds`` it took from start to rename (``bbstage bench``)."""
+    def file_done(self, task: FileTask, seconds: float | None = None) -> None:
+        """``task`` is in place, verified; ``seconds`` it took (``bbstage bench``)."""
         with self._lock:
             self.files += 1
+            self.committed = Done(self.committed.bytes + task.size, self.committed.files + 1)
             self._maybe_report()
 
     def temp(self, path: str) -> None:
-        self.send("temp", path)
+        self.send(TempFile(path))
 
     def _maybe_report(self) -> None:
         now = time.monotonic()
         if now - self._last >= _REPORT_EVERY:
             self._last = now
-            self._conn.send(("progress", self.bytes, self.files))
+            self._conn.send(Moved(self.bytes, self.files))
 
     def flush(self) -> None:
-        self.send("progress", self.bytes, self.files)
-
-
-def spec_for(source: str, destination: str, **fields: Any) -> dict[str, Any]:
-    """A transfer spec for two locations, their kinds told by their form (``s3://`` or a
-    path), a trailing ``/`` meaning a tree: what ``Engine._spec`` builds from a directive.
-    ``fields`` add to or override the result (``job_id``, ``glob``, ``extra``, options)."""
-
-    def kind(location: str) -> str:
-        return "s3" if location.startswith("s3://") else "posix"
-
-    return {
-        "job_id": "0",
-        "source": source,
-        "destination": destination,
-        "source_kind": kind(source),
-        "destination_kind": kind(destination),
-        "tree": source.endswith("/"),
-        "glob": False,
-        **fields,
-    }
+        self.send(Moved(self.bytes, self.files))
 
 
 def serve(conn: Connection, identity: Identity) -> None:
@@ -100,7 +85,7 @@ def serve(conn: Connection, identity: Identity) -> None:
     try:
         _become(identity)
     except Exception as exc:
-        conn.send(("error", f"could not assume the job owner's identity: {exc}", True))
+        conn.send(Failed(f"could not assume the job owner's identity: {exc}"))
         conn.close()
         return
     try:
@@ -109,22 +94,26 @@ def serve(conn: Connection, identity: Identity) -> None:
             if spec is None:
                 return
             _transfer(spec, _Reporter(conn), cancel)
+            if cancel.is_set():
+                return  # SIGTERM: the transfer was stopped; so is the process
     except (EOFError, OSError):
         pass  # the parent went away
     finally:
         conn.close()
 
 
-def _transfer(spec: dict[str, Any], reporter: _Reporter, cancel: threading.Event) -> None:
-    """Run one transfer and send its outcome: ``("done",)`` or ``("error", message, permanent)``."""
+def _transfer(spec: TransferSpec, reporter: _Reporter, cancel: threading.Event) -> None:
+    """Run one transfer and send its outcome: ``Done`` with the manifest, or ``Failed``."""
     try:
         run(spec, reporter, cancel)
+        if cancel.is_set():  # stopped between files: not every file may be in place
+            raise movers.Cancelled()
         reporter.flush()
-        reporter.send("done")
+        reporter.send(reporter.committed)
     except TransferError as exc:
-        reporter.send("error", str(exc), exc.permanent)
+        reporter.send(Failed(str(exc), exc.permanent))
     except Exception as exc:  # a bug: report it rather than die silently
-        reporter.send("error", f"internal error: {type(exc).__name__}: {exc}", True)
+        reporter.send(Failed(f"internal error: {type(exc).__name__}: {exc}"))
 
 
 def _become(identity: Identity) -> None:
@@ -138,27 +127,28 @@ def _become(identity: Identity) -> None:
         os.environ.pop("HOME", None)
 
 
-def run(spec: dict[str, Any], reporter: _Reporter, cancel: threading.Event) -> None:
+def run(spec: TransferSpec, reporter: _Reporter, cancel: threading.Event) -> None:
     """Plan and copy one directive's data (in the current identity)."""
     options = MoverOptions(
-        job_id=str(spec["job_id"]),
-        threads=int(spec.get("threads", 8)),
-        chunk_size=int(spec.get("chunk_size", 64 << 20)),
-        checksum=spec.get("checksum", "none"),
-        extra=dict(spec.get("extra", {})),
+        job_id=spec.job_id,
+        threads=spec.threads,
+        chunk_size=spec.chunk_size,
+        checksum=spec.checksum,
+        extra=dict(spec.extra),
     )
-    mover = movers.get(spec["source_kind"], spec["destination_kind"])(options)
+    mover = movers.get(spec.source_kind, spec.destination_kind)(options)
     try:
         tasks = _with_retries(
-            lambda: mover.plan(
-                spec["source"], spec["destination"], tree=spec["tree"], glob=spec["glob"]
-            ),
+            lambda: mover.plan(spec.source, spec.destination, tree=spec.tree, glob=spec.glob),
             cancel,
         )
-        tasks = _select(mover, tasks, spec.get("overwrite", "always"))
-        if spec.get("scratch_limit"):
-            _check_capacity(tasks, **spec["scratch_limit"])
-        reporter.send("plan", sum(t.size for t in tasks), sum(1 for t in tasks if t.kind == "file"))
+        if spec.resumed:
+            remove_stale_temps(tasks, spec.job_id)
+        tasks = _select(mover, tasks, spec.overwrite)
+        if spec.scratch_limit is not None:
+            _check_capacity(tasks, spec.scratch_limit)
+        files = [t for t in tasks if t.kind == "file"]
+        reporter.send(Planned(sum(t.size for t in files), len(files)))
         _copy_all(mover, tasks, reporter, cancel, mover.streams(tasks))
     finally:
         mover.close()
@@ -179,8 +169,9 @@ def _select(mover: Mover, tasks: list[FileTask], overwrite: str) -> list[FileTas
     return chosen
 
 
-def _check_capacity(tasks: list[FileTask], path: str, capacity: int) -> None:
+def _check_capacity(tasks: list[FileTask], limit: ScratchLimit) -> None:
     """Refuse before copying what would not fit in the job's scratch capacity."""
+    path, capacity = limit.path, limit.capacity
     used = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
@@ -207,7 +198,7 @@ def _copy_all(
     at a time from a shared list, interleaved across directories (concurrent creates in one
     directory wait on its lock), while one more thread has the mover read ahead of them
     (``Mover.prefetch``); the first failure cancels the rest and is raised."""
-    if getattr(mover, "copy_many", None) is not None:
+    if type(mover).copy_many is not Mover.copy_many:
         return _copy_batched(mover, tasks, reporter, cancel)
     for task in tasks:
         if task.kind == "dir":
@@ -230,7 +221,7 @@ def _copy_all(
                 started = time.perf_counter()
                 _with_retries(lambda t=task: mover.copy(t, reporter, cancel), cancel)
                 if task.kind == "file":
-                    reporter.file_done(time.perf_counter() - started)
+                    reporter.file_done(task, time.perf_counter() - started)
             except BaseException as exc:
                 failures.append(exc)
                 cancel.set()
@@ -297,11 +288,11 @@ def _copy_batched(
 
     def done(task: FileTask) -> None:
         if task.kind == "file":
-            reporter.file_done()
+            reporter.file_done(task)
 
     delay = 0.2
     for attempt in range(RETRIES + 1):
-        failed = mover.copy_many(tasks, reporter, cancel, done)  # type: ignore[attr-defined]
+        failed = mover.copy_many(tasks, reporter, cancel, done)
         if not failed:
             return
         errors = list(failed.values())
@@ -327,6 +318,30 @@ def _with_retries(action: Any, cancel: threading.Event) -> Any:
         if cancel.wait(delay):
             raise movers.Cancelled()
         delay = min(delay * 2, BACKOFF_CAP)
+
+
+def _stale_temp(job_id: str) -> re.Pattern[str]:
+    """Names of this job's temporary files (``localfs.temp_name``), any attempt's."""
+    return re.compile(rf"\..+\.bbstage-{re.escape(job_id)}-[0-9a-f]{{8}}\.part\Z", re.DOTALL)
+
+
+def remove_stale_temps(tasks: list[FileTask], job_id: str) -> int:
+    """Remove the temporary files an earlier, killed attempt of this job left in the
+    local destination directories of ``tasks`` (as the user); how many were removed."""
+    pattern, removed = _stale_temp(job_id), 0
+    for parent in {os.path.dirname(t.dst) for t in tasks if not t.dst.startswith("s3://")}:
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            if pattern.match(name):
+                try:
+                    os.unlink(os.path.join(parent, name))
+                    removed += 1
+                except OSError:
+                    pass
+    return removed
 
 
 def cleanup(paths: list[str], identity: Identity) -> None:

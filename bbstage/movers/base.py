@@ -6,6 +6,7 @@ import errno
 import os
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -125,12 +126,30 @@ class Mover(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
-    # Optional batch copy: a mover may define
-    #
-    #   copy_many(tasks, progress, cancel, done) -> dict[FileTask, TransferError]
-    #
-    # which copies a whole plan (directories first) with its own concurrency (e.g. many S3
-    # requests in flight on one event loop), calls ``done(task)`` after each file or link is
-    # in place, and returns the entries that failed. It stops early at a permanent error.
-    # Bytes reported through ``progress`` for a failed entry are taken back (negative add).
-    # The worker prefers it over ``copy`` when present and retries the transient failures.
+    def copy_many(
+        self,
+        tasks: list[FileTask],
+        progress: Progress,
+        cancel: threading.Event,
+        done: Callable[[FileTask], None],
+    ) -> dict[FileTask, TransferError]:
+        """Copy a whole plan (directories first) with the mover's own concurrency (e.g. many
+        S3 requests in flight on one event loop); call ``done(task)`` after each file or link
+        is in place; return the entries that failed, stopping early at a permanent error.
+        Bytes reported through ``progress`` for a failed entry are taken back (negative add).
+
+        Optional: the worker uses it instead of its own threads over ``copy`` when a mover
+        overrides it. This default copies one entry after another."""
+        failed: dict[FileTask, TransferError] = {}
+        for task in tasks:
+            if cancel.is_set():
+                raise Cancelled()
+            try:
+                self.copy(task, progress, cancel)
+            except TransferError as exc:
+                failed[task] = exc
+                if exc.permanent:
+                    break
+            else:
+                done(task)
+        return failed

@@ -15,7 +15,7 @@ from bbstage import executor as executor_module
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
-from bbstage.worker import spec_for
+from bbstage.transfer import TransferSpec
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="workers drop from root to a user")
 
@@ -47,7 +47,9 @@ def source(area: Path, name: str = "in", data: bytes = b"hello") -> Path:
 
 
 def stage(ex: TransferExecutor, key: str, src: Path, dst: Path, who: Identity = NOBODY) -> None:
-    ex.submit(key, spec_for(str(src), str(dst)), who, lambda event: None).result(timeout=60)
+    ex.submit(key, TransferSpec.between(str(src), str(dst)), who, lambda event: None).result(
+        timeout=60
+    )
 
 
 def test_a_users_worker_is_reused(area: Path, executor: TransferExecutor) -> None:
@@ -96,7 +98,9 @@ def test_cancel_stops_the_transfer_and_its_worker(area: Path, executor: Transfer
         f.truncate(8 << 30)  # sparse: copying it still takes seconds
     big.chmod(0o644)
     events: list[tuple[object, ...]] = []
-    future = executor.submit("1:0", spec_for(str(big), str(area / "out")), NOBODY, events.append)
+    future = executor.submit(
+        "1:0", TransferSpec.between(str(big), str(area / "out")), NOBODY, events.append
+    )
     deadline = time.monotonic() + 30
     while not events and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -10,6 +10,7 @@ import pytest
 
 from bbstage import worker
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
+from bbstage.transfer import Planned, ScratchLimit, TransferSpec
 
 
 class Conn:
@@ -21,7 +22,7 @@ class Conn:
 
 
 def spec(src: Path | str, dst: Path | str, **kw: Any) -> dict[str, Any]:
-    return worker.spec_for(str(src), str(dst), job_id="7", **kw)
+    return TransferSpec.between(str(src), str(dst), job_id="7", **kw)
 
 
 def run(s: dict[str, Any]) -> Conn:
@@ -36,7 +37,7 @@ def test_many_small_files_and_plan_event(tmp_path: Path) -> None:
     for i in range(200):
         (src / f"f{i}").write_bytes(b"x" * i)
     conn = run(spec(f"{src}/", f"{tmp_path}/dst/"))
-    assert ("plan", sum(range(200)), 200) in conn.events
+    assert Planned(sum(range(200)), 200) in conn.events
     assert len(list((tmp_path / "dst").iterdir())) == 200
 
 
@@ -44,7 +45,7 @@ def test_second_run_skips_what_is_staged(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("hello")
     run(spec(tmp_path / "f", tmp_path / "g"))
     conn = run(spec(tmp_path / "f", tmp_path / "g"))
-    assert ("plan", 0, 0) in conn.events
+    assert Planned(0, 0) in conn.events
 
 
 def test_overwrite_never_keeps_an_existing_file(tmp_path: Path) -> None:
@@ -53,7 +54,7 @@ def test_overwrite_never_keeps_an_existing_file(tmp_path: Path) -> None:
     (tmp_path / "g").write_text("old!")
     (tmp_path / "h").unlink(missing_ok=True)
     conn = run(spec(tmp_path / "f", tmp_path / "g", overwrite="never"))
-    assert ("plan", 0, 0) in conn.events
+    assert Planned(0, 0) in conn.events
     assert (tmp_path / "g").read_text() == "old!"
     run(spec(tmp_path / "f", tmp_path / "h", overwrite="never"))
     assert (tmp_path / "h").read_text() == "new"
@@ -90,11 +91,11 @@ def test_scratch_capacity_is_enforced(tmp_path: Path) -> None:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     (scratch / "already").write_bytes(b"y" * 1000)
-    limit = {"path": str(scratch), "capacity": 5500}
+    limit = ScratchLimit(str(scratch), 5500)
     with pytest.raises(TransferError, match="needs 5000 bytes, 1000 of capacity=5500"):
         run(spec(tmp_path / "big", scratch / "big", scratch_limit=limit))
     assert not (scratch / "big").exists()
-    run(spec(tmp_path / "big", scratch / "big", scratch_limit={**limit, "capacity": 6000}))
+    run(spec(tmp_path / "big", scratch / "big", scratch_limit=ScratchLimit(str(scratch), 6000)))
     assert (scratch / "big").stat().st_size == 5000
 
 
@@ -132,3 +133,19 @@ def test_read_ahead_covers_files_within_its_window(monkeypatch: pytest.MonkeyPat
         else:
             assert i - copying <= 16 + 1, "read further ahead than its window"
     assert len([i for kind, i in mover.log if kind == "prefetch"]) > 0
+
+
+def test_a_resumed_transfer_removes_its_stale_temp_files(tmp_path: Path) -> None:
+    """I3: a killed attempt's ``.part`` files go when the transfer runs again."""
+    (tmp_path / "f").write_text("x")
+    dst = tmp_path / "d"
+    dst.mkdir()
+    stale = dst / ".g.bbstage-7-0123abcd.part"
+    stale.write_text("partial")
+    others = dst / ".g.bbstage-8-0123abcd.part"  # another job's: not ours to remove
+    others.write_text("partial")
+    run(spec(tmp_path / "f", dst / "g"))
+    assert stale.exists()
+    run(spec(tmp_path / "f", dst / "g", resumed=True))
+    assert not stale.exists() and others.exists()
+    assert (dst / "g").read_text() == "x"

@@ -1,0 +1,218 @@
+"""The engine's verdicts (I1, I4): done only from a manifest that covers the plan; a stopped or
+cancelled transfer is never done; a blocking data_in never answers busy; a reused job id and
+a lost state never cost a job its results."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bbstage.config import Config, Pool
+from bbstage.engine import Engine
+from bbstage.movers import Cancelled, TransferError
+from bbstage.protocol import Request
+from bbstage.state import Store
+from bbstage.transfer import Done, Event, Planned, TransferSpec
+
+UID, GID = 65534, 65534  # nobody: Identity.of accepts any known non-root user
+
+
+class FakeExecutor:
+    """Answers each submit with the next scripted outcome: (plan, Done or an exception)."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[Planned, Done | BaseException | None]] = []
+        self.pending: list[Future[Done]] = []
+        self.specs: list[TransferSpec] = []
+
+    def submit(
+        self, key: str, spec: TransferSpec, identity: Any, on_event: Callable[[Event], None]
+    ) -> Future[Done]:
+        self.specs.append(spec)
+        plan, outcome = self.outcomes.pop(0)
+        on_event(plan)
+        future: Future[Done] = Future()
+        if isinstance(outcome, Done):
+            future.set_result(outcome)
+        elif isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            self.pending.append(future)  # never finishes by itself
+        return future
+
+    def cancel(self, key: str) -> None:
+        for future in self.pending:
+            if not future.done():
+                future.set_exception(Cancelled())
+
+    def shutdown(self) -> None:
+        self.cancel("")
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    pool = Pool("scratch", tmp_path / "scratch", 1 << 30)
+    config = Config(socket=tmp_path / "run" / "control.sock", pools=(pool,))
+    store = Store(tmp_path / "state.db")
+    yield Engine(config, store, FakeExecutor())  # type: ignore[arg-type]
+    store.close()
+
+
+def script(*lines: str) -> str:
+    return "#!/bin/bash\n" + "".join(f"#BB_LUA {line}\n" for line in lines)
+
+
+def ask(engine: Engine, op: str, **fields: Any) -> tuple[str, str]:
+    async def call() -> tuple[str, str]:
+        reply = await engine.handle(Request(op, fields))
+        await asyncio.sleep(0.01)  # let done callbacks run
+        return reply.status, reply.message
+
+    return asyncio.run(call())
+
+
+def setup(engine: Engine, job_id: str, *lines: str, uid: int = UID) -> None:
+    fields = {"job_id": job_id, "uid": uid, "gid": GID, "script": script(*lines)}
+    assert ask(engine, "setup", **fields) == ("ok", "")
+
+
+def outcomes(engine: Engine) -> list[tuple[Planned, Done | BaseException | None]]:
+    return engine.executor.outcomes  # type: ignore[attr-defined,no-any-return]
+
+
+def states(engine: Engine, job_id: str) -> list[str]:
+    job = engine.store.job(job_id)
+    assert job is not None
+    return [d.state for d in job.directives]
+
+
+def test_done_needs_a_manifest_that_covers_the_plan(engine: Engine) -> None:
+    setup(engine, "1", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(300, 3), Done(200, 2)))  # a file short
+    status, message = ask(engine, "data_in", job_id="1")
+    assert status == "error" and "committed 2 files (200 bytes) of the 3 files" in message
+    assert states(engine, "1") == ["failed"]
+
+
+def test_a_covering_manifest_is_done(engine: Engine) -> None:
+    setup(engine, "2", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(300, 3), Done(300, 3)))
+    assert ask(engine, "data_in", job_id="2") == ("ok", "")
+    assert states(engine, "2") == ["done"]
+
+
+def test_a_transient_failure_runs_again_and_blocking_data_in_never_says_busy(
+    engine: Engine,
+) -> None:
+    """Before 24.05 any success starts the job: data_in must wait for the second attempt."""
+    setup(engine, "3", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).extend(
+        [
+            (Planned(10, 1), TransferError("worker exited with code -9", permanent=False)),
+            (Planned(10, 1), Done(10, 1)),
+        ]
+    )
+    assert ask(engine, "data_in", job_id="3") == ("ok", "")
+    specs = engine.executor.specs  # type: ignore[attr-defined]
+    assert [s.resumed for s in specs] == [False, True]  # the second sweeps stale temp files
+
+
+def test_a_transfer_stopped_by_shutdown_is_not_recorded_and_resumes(engine: Engine) -> None:
+    setup(engine, "4", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(10, 1), None))
+
+    async def scenario() -> tuple[str, str]:
+        hook = asyncio.create_task(engine.handle(Request("data_in", {"job_id": "4"})))
+        await asyncio.sleep(0.05)
+        hook.cancel()  # the server closes: the waiting hook goes away first
+        await asyncio.sleep(0.01)
+        assert not engine.executor.pending[0].done()  # type: ignore[attr-defined] # still runs
+        await engine.stop()  # then the executor stops the transfer
+        await asyncio.sleep(0.05)
+        reply = await engine.handle(Request("test_data_in", {"job_id": "4"}))
+        return reply.status, reply.message
+
+    assert asyncio.run(scenario()) == ("busy", "")
+    assert states(engine, "4") == ["running"]
+    job = engine.store.job("4")
+    assert job is not None and job.state == "staging_in"
+
+
+def test_cancel_is_told_by_type_not_by_text(engine: Engine) -> None:
+    setup(engine, "5", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(10, 1), TransferError("cancelled")))  # a message, no more
+    ask(engine, "data_in", job_id="5")
+    assert states(engine, "5") == ["failed"]
+    setup(engine, "6", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(10, 1), Cancelled()))
+    ask(engine, "data_in", job_id="6")
+    assert states(engine, "6") == ["cancelled"]
+
+
+def test_pre_run_of_a_job_the_daemon_does_not_know_refuses(engine: Engine) -> None:
+    """24.05+ hooks carry the owner: a lost state must not become an empty job that runs."""
+    status, message = ask(engine, "pre_run", job_id="7", uid=UID, gid=GID, script=script())
+    assert status == "error" and "unknown to the staging daemon" in message
+    assert engine.store.job("7") is None
+
+
+def test_pre_run_before_the_stage_in_finished_refuses(engine: Engine) -> None:
+    setup(engine, "8", "stage_in source=/a/ destination=/b/")
+    status, message = ask(engine, "pre_run", job_id="8")
+    assert status == "error" and "stage-in has not finished" in message
+
+
+def test_a_job_recreated_after_a_lost_state_never_deletes_scratch(engine: Engine) -> None:
+    lines = ("stage_out source=$BB_SCRATCH/out.dat destination=/results/out.dat",)
+    outcomes(engine).append((Planned(5, 1), Done(5, 1)))
+    fields = {"job_id": "9", "uid": UID, "gid": GID, "script": script(*lines)}
+    assert ask(engine, "data_out", **fields, wait=True) == ("ok", "")  # recreated: stages out
+    job = engine.store.job("9")
+    assert job is not None and job.origin == "recovered" and job.scratch
+    (Path(job.scratch) / "other-results").write_text("kept")
+    assert ask(engine, "teardown", job_id="9", hurry=False)[0] == "ok"
+    assert (Path(job.scratch) / "other-results").read_text() == "kept"
+
+
+def test_teardown_of_a_job_that_ran_keeps_scratch_with_a_stage_out_never_started(
+    engine: Engine,
+) -> None:
+    setup(engine, "10", "stage_out source=$BB_SCRATCH/out.dat destination=/results/out.dat")
+    assert ask(engine, "data_in", job_id="10") == ("ok", "")
+    assert ask(engine, "pre_run", job_id="10") == ("ok", "")
+    job = engine.store.job("10")
+    assert job is not None and job.scratch
+    (Path(job.scratch) / "out.dat").write_text("results")
+    assert ask(engine, "teardown", job_id="10", hurry=True)[0] == "ok"  # e.g. scancel
+    assert (Path(job.scratch) / "out.dat").read_text() == "results"
+
+
+def test_a_reused_job_id_gets_a_fresh_record_and_the_old_results_are_set_aside(
+    engine: Engine,
+) -> None:
+    setup(engine, "11", "stage_out source=$BB_SCRATCH/out.dat destination=/results/out.dat")
+    assert ask(engine, "data_in", job_id="11") == ("ok", "")
+    assert ask(engine, "pre_run", job_id="11") == ("ok", "")
+    old = engine.store.job("11")
+    assert old is not None and old.scratch
+    (Path(old.scratch) / "out.dat").write_text("old results")
+    other = os.getuid() if os.getuid() != 0 else 1  # daemon: another known non-root user
+    setup(engine, "11", "stage_in source=/x destination=/y", uid=other)
+    new = engine.store.job("11")
+    assert new is not None and new.uid == other and new.directives[0].verb == "stage_in"
+    kept = [p for p in Path(old.scratch).parent.iterdir() if p.name.startswith("11.kept-")]
+    assert len(kept) == 1 and (kept[0] / "out.dat").read_text() == "old results"
+    assert not (Path(old.scratch) / "out.dat").exists()
+
+
+def test_a_setup_re_run_keeps_the_record(engine: Engine) -> None:
+    setup(engine, "12", "stage_in source=/a/ destination=/b/")
+    first = engine.store.job("12")
+    setup(engine, "12", "stage_in source=/a/ destination=/b/")
+    assert engine.store.job("12") is first
