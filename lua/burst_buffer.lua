@@ -115,11 +115,23 @@ local function staged_in(job_id)
 	return f ~= nil
 end
 
+-- data_in/data_out. Before 24.05 the call blocks and Slurm takes any success as "staged":
+-- only the daemon's "ok" may be one (a "busy" would start the job on partial inputs).
+-- 24.05+: the call only starts the transfers; test_data_in/out poll.
+local function stage(op, job_id, job_script, uid, gid, job_info)
+	local blocking = not polled()
+	local rc, message = forward(op, nil, job_id, job_script, uid, gid, job_info,
+		{ wait = blocking })
+	if blocking and rc == slurm.SUCCESS and message == "BUSY" then
+		return slurm.ERROR, "bbstage: " .. op .. " of job " .. tostring(job_id) .. " not finished"
+	end
+	return rc, message
+end
+
 -- Stage in. Before 24.05: block until staged. 24.05+: start, then test_data_in polls.
 function slurm_bb_data_in(job_id, job_script, uid, gid, job_info)
 	if staged_in(job_id) then return slurm.SUCCESS end
-	return forward("data_in", nil, job_id, job_script, uid, gid, job_info,
-		{ wait = not polled() })
+	return stage("data_in", job_id, job_script, uid, gid, job_info)
 end
 
 function slurm_bb_test_data_in(job_id, job_script, uid, gid, job_info)
@@ -144,8 +156,7 @@ end
 
 -- Stage out: like data_in.
 function slurm_bb_data_out(job_id, job_script, uid, gid, job_info)
-	return forward("data_out", nil, job_id, job_script, uid, gid, job_info,
-		{ wait = not polled() })
+	return stage("data_out", job_id, job_script, uid, gid, job_info)
 end
 
 function slurm_bb_test_data_out(job_id, job_script, uid, gid, job_info)

@@ -10,6 +10,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -152,3 +153,26 @@ def test_sigkill_of_the_daemon_leaves_no_temp_file_after_the_restart(area: Path)
         assert temps(dst) == []
     finally:
         d2.stop()
+
+
+def test_a_blocking_data_in_never_takes_busy_for_staged(tmp_path: Path) -> None:
+    """Before 24.05 any success from data_in starts the job: a daemon's "busy" must fail it."""
+    from .test_zmtp_lua import Router
+
+    etc = tmp_path / "etc"
+    config = tmp_path / "bbstage.toml"
+    config.write_text(f'[daemon]\nsocket = "{tmp_path}/control.sock"\n')
+    subprocess.run(
+        [sys.executable, "-m", "bbstage.cli", "--config", str(config), "install-lua",
+         "--dest", str(etc)],
+        check=True, capture_output=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    router = Router(tmp_path / "control.sock", lambda r, msg: r.reply(msg, b"busy", b""))
+    try:
+        d = Daemon(tmp_path, config, etc, None)  # type: ignore[arg-type]
+        job = script(tmp_path / "job.sh", "stage_in source=/a destination=/b")
+        for hook in ("slurm_bb_data_in", "slurm_bb_data_out"):
+            rc, message = d.hook(hook, "330", job)  # 22.05: no uid
+            assert rc != 0 and "not finished" in message, (hook, rc, message)
+    finally:
+        router.close()
