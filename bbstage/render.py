@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bbstage.protocol import printable
+
 FINAL = ("done", "failed", "cancelled")
 
 
@@ -17,22 +19,27 @@ def _size(n: float) -> str:
     return str(n)
 
 
+def _print(line: str) -> None:
+    """Paths may hold bytes that are not UTF-8 (docs/protocol.md "Bytes"): shown as \\xNN."""
+    print(printable(line))
+
+
 def status(job: dict[str, Any]) -> None:
-    print(f"job {job['job_id']}: {job['state']}" + (f" ({job['error']})" if job["error"] else ""))
+    _print(f"job {job['job_id']}: {job['state']}" + (f" ({job['error']})" if job["error"] else ""))
     if job.get("scratch"):
-        print(f"scratch: {job['scratch']}")
+        _print(f"scratch: {job['scratch']}")
     for d in job["directives"]:
         arrow = "in " if d["direction"] == "in" else "out"
         progress = f"{_size(d['bytes_done'])}/{_size(d['bytes_total'])}"
         files = f"{d['files_done']}/{d['files_total']} files"
         rate = f"{_size(d['rate_bytes_per_s'])}/s" if d["rate_bytes_per_s"] else "-"
         eta = f"eta {d['eta_s']:.0f}s" if d.get("eta_s") else ""
-        print(
+        _print(
             f"  #{d['index']} {arrow} {d['state']:<9} {d['source']} -> {d['destination']}"
             f"  {progress}  {files}  {rate} {eta}".rstrip()
         )
         if d["error"]:
-            print(f"      error: {d['error']}")
+            _print(f"      error: {d['error']}")
 
 
 def jobs(rows: list[dict[str, Any]]) -> None:
@@ -79,7 +86,7 @@ def watch(fetch: Callable[[], dict[str, Any]], interval: float = 1.0) -> dict[st
     )
     tasks = {
         d["index"]: bars.add_task(
-            f"#{d['index']} {d['direction']:<3} {d['source']} -> {d['destination']}",
+            printable(f"#{d['index']} {d['direction']:<3} {d['source']} -> {d['destination']}"),
             total=d["bytes_total"] or None,
             state=d["state"],
         )
@@ -88,7 +95,7 @@ def watch(fetch: Callable[[], dict[str, Any]], interval: float = 1.0) -> dict[st
 
     def header() -> str:
         error = f" ({job['error']})" if job["error"] else ""
-        return f"job {job['job_id']}: {job['state']}{error}"
+        return printable(f"job {job['job_id']}: {job['state']}{error}")
 
     title = Text(header())
     with Live(Group(title, bars), refresh_per_second=4):
@@ -98,7 +105,7 @@ def watch(fetch: Callable[[], dict[str, Any]], interval: float = 1.0) -> dict[st
                     tasks[d["index"]],
                     completed=d["bytes_done"],
                     total=d["bytes_total"] or None,
-                    state=d["state"] + (f": {d['error']}" if d["error"] else ""),
+                    state=printable(d["state"] + (f": {d['error']}" if d["error"] else "")),
                 )
             title.plain = header()
             busy = job["state"].startswith("staging") or any(

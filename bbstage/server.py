@@ -7,6 +7,7 @@ import contextlib
 import os
 import socket
 import struct
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,13 @@ from bbstage.protocol import ERROR, OK, ProtocolError, Reply
 
 log = structlog.get_logger("bbstage.server")
 _MAX_USER_REQUEST = 64 << 10
+# User socket (docs/protocol.md): connections open at once, in all and per uid. Past either,
+# a connection is answered "busy" at once and closed: an idle client holds at most its own
+# uid's share, so one user cannot make `bbstage status` of another wait or fail.
+USER_CONNECTIONS = 256
+USER_CONNECTIONS_PER_UID = 8
+USER_READ_TIMEOUT = 2.0  # seconds for the request line: the CLI sends it right after connecting
+USER_WRITE_TIMEOUT = 5.0  # seconds for the reply to be taken
 
 
 class Server:
@@ -30,6 +38,7 @@ class Server:
         self._router: zmq.asyncio.Socket | None = None
         self._users: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._open: Counter[int] = Counter()  # user-socket connections being served, by uid
 
     async def start(self) -> None:
         control = self.config.socket
@@ -78,24 +87,49 @@ class Server:
         await self._router.send_multipart([frames[0], b"", *protocol.reply_frames(reply)])
 
     async def _serve_user(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        uid = None
         try:
             sock = writer.get_extra_info("socket")
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            _pid, uid, _gid = struct.unpack("3i", creds)
-            try:
-                line = await asyncio.wait_for(reader.readline(), 10)
-                request = protocol.decode_request(line, protocol.USER_OPS)
-                body = self._answer_user(request, uid)
-            except ProtocolError as exc:
-                body = protocol.encode_user_reply(ERROR, message=f"bad request: {exc}")
-            except (ValueError, asyncio.LimitOverrunError, TimeoutError):
-                body = protocol.encode_user_reply(ERROR, message="bad request")
+            _pid, peer, _gid = struct.unpack("3i", creds)
+            if not self._admit(peer):
+                body = protocol.encode_user_reply(ERROR, message=self._busy(peer))
+            else:
+                uid = peer
+                try:
+                    line = await asyncio.wait_for(reader.readline(), USER_READ_TIMEOUT)
+                    request = protocol.decode_request(line, protocol.USER_OPS)
+                    body = self._answer_user(request, uid)
+                except ProtocolError as exc:
+                    body = protocol.encode_user_reply(ERROR, message=f"bad request: {exc}")
+                except (ValueError, asyncio.LimitOverrunError, TimeoutError):
+                    body = protocol.encode_user_reply(ERROR, message="bad request")
             writer.write(body)
-            await writer.drain()
-        except (ConnectionError, OSError):
+            await asyncio.wait_for(writer.drain(), USER_WRITE_TIMEOUT)
+        except (ConnectionError, OSError, TimeoutError):
             pass
         finally:
+            if uid is not None:
+                self._open[uid] -= 1
+                if not self._open[uid]:
+                    del self._open[uid]
             writer.close()
+
+    def _admit(self, uid: int) -> bool:
+        """Count a new connection of ``uid`` unless it is over a limit (see USER_CONNECTIONS)."""
+        if self._open[uid] >= USER_CONNECTIONS_PER_UID:
+            return False
+        if self._open.total() >= USER_CONNECTIONS:
+            return False
+        self._open[uid] += 1
+        return True
+
+    def _busy(self, uid: int) -> str:
+        if self._open[uid] >= USER_CONNECTIONS_PER_UID:
+            why = f"{self._open[uid]} connections of uid {uid} are open"
+        else:
+            why = f"{self._open.total()} connections are open"
+        return f"staging daemon busy: {why}; try again in a moment"
 
     def _answer_user(self, request: protocol.Request, uid: int) -> bytes:
         engine, admin = self.engine, self.config.admin_group
