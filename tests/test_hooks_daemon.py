@@ -181,6 +181,10 @@ def test_root_only_source_is_refused_and_nothing_lands(daemon: Daemon, area: Pat
     assert rc != 0
     assert message == f"stage_in line 2: permission denied: {secret}"
     assert list(dst.iterdir()) == []
+    # A job of root's own is refused at setup, before anything is created.
+    rc, message = daemon.hook("slurm_bb_setup", "115", "0", "0", "(null)", "0", job)
+    assert rc != 0 and "never stages data for root" in message
+    assert daemon.cli("status", "115").returncode == 3
 
 
 def test_destination_symlink_to_root_file_is_not_written_through(
@@ -336,6 +340,12 @@ def test_pool_accounting_returns_after_a_failed_job(daemon: Daemon, area: Path) 
     assert daemon.hook("slurm_bb_job_teardown", "113", job, "true")[0] == 0
     assert reserved() == before
     assert not (area / "daemon" / "scratch" / "113").exists()
+    # A job asking for more than the pool has free is refused at setup.
+    rc, message = daemon.hook(
+        "slurm_bb_setup", "114", str(uid), str(gid), "scratch", str(128 << 20), job
+    )
+    assert rc != 0 and "pool scratch has" in message
+    assert not (area / "daemon" / "scratch" / "114").exists()
 
 
 def test_a_second_daemon_on_the_same_state_refuses_to_start(daemon: Daemon) -> None:
@@ -347,3 +357,26 @@ def test_a_second_daemon_on_the_same_state_refuses_to_start(daemon: Daemon) -> N
     assert second.returncode == 1
     assert f"another bbstage daemon (pid {daemon.proc.pid})" in second.stderr
     assert daemon.proc.poll() is None  # the first one is untouched
+
+
+def test_a_restarted_daemon_resumes_a_stage_in_nobody_asks_for_again(area: Path) -> None:
+    """24.05+ hooks only poll test_data_in, which starts nothing: after a crash the daemon
+    must resume the stage-in by itself (Engine.resume), or the job waits for ever."""
+    d = start_daemon(area / "d")
+    uid, gid = user_ids()
+    u, g = str(uid), str(gid)
+    data = user_tree(tree(area / "data", 1500, 128 << 10), uid, gid)
+    dst = owned_dir(area / "mine", uid, gid) / "dst"
+    job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
+    assert d.hook("slurm_bb_setup", "116", u, g, "(null)", "0", job)[0] == 0
+    wait_for(lambda: dst.exists() and len(list(dst.iterdir())) >= 30)
+    d.kill()
+    assert len(list(dst.iterdir())) < 1500, "the kill came too late"
+    d2 = start_daemon(area / "d")
+    try:
+        wait_for(lambda: d2.hook("slurm_bb_test_data_in", "116", job, u, g, None) == (0, ""), 120)
+        assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in data.iterdir())
+        for p in data.iterdir():
+            assert sha(dst / p.name) == sha(p)
+    finally:
+        d2.stop()

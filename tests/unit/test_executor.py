@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import pwd
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -12,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bbstage import executor as executor_module
+from bbstage import worker
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
@@ -150,3 +154,56 @@ def test_workers_copy_at_normal_priority_under_a_raised_daemon() -> None:
 def _nice(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat[stat.rindex(")") + 2 :].split()[16])
+
+
+def test_a_worker_has_exactly_the_users_groups(area: Path, executor: TransferExecutor) -> None:
+    """Supplementary groups are the user's own (setgroups), not root's, and not none."""
+    theirs = source(area, "theirs", b"group 1 may read")
+    os.chown(theirs, 0, 1)
+    theirs.chmod(0o640)
+    stage(executor, "1:0", theirs, area / "a", Identity(65534, 65534, (1, 65534)))
+    assert (area / "a").read_bytes() == b"group 1 may read"
+    others = source(area, "others", b"group 2 only")
+    os.chown(others, 0, 2)
+    others.chmod(0o640)
+    with pytest.raises(TransferError, match="permission denied"):
+        stage(executor, "2:0", others, area / "b", Identity(65534, 65534, (1, 65534)))
+
+
+def test_a_killed_workers_temporary_file_is_removed(area: Path, executor: TransferExecutor) -> None:
+    """SIGKILL leaves the worker no chance to clean up: the executor removes its .part file."""
+    big = area / "big"
+    with open(big, "wb") as f:
+        f.truncate(8 << 30)  # sparse: copying it still takes seconds
+    big.chmod(0o644)
+    future = executor.submit(
+        "1:0", TransferSpec.between(str(big), str(area / "out")), NOBODY, lambda event: None
+    )
+    deadline = time.monotonic() + 30
+    while not [p for p in area.iterdir() if p.name.endswith(".part")]:
+        assert time.monotonic() < deadline, "no temporary file appeared"
+        time.sleep(0.01)
+    os.kill(executor._running["1:0"].proc.pid, signal.SIGKILL)
+    with pytest.raises(TransferError, match="worker exited"):
+        future.result(timeout=10)
+    assert sorted(p.name for p in area.iterdir()) == ["big"]
+
+
+def test_a_worker_drops_roots_aws_variables_and_takes_the_users_home(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Root's AWS_* (keys, container-role URIs) never reach a transfer; HOME is the user's."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "root's")
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://127.0.0.1:9/creds")
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+
+    def probe() -> None:
+        worker._become(NOBODY)
+        child.send((sorted(k for k in os.environ if k.startswith("AWS_")), os.environ["HOME"]))
+
+    proc = ctx.Process(target=probe)
+    proc.start()
+    assert parent.poll(10)
+    assert parent.recv() == ([], pwd.getpwuid(NOBODY.uid).pw_dir)
+    proc.join(10)

@@ -119,3 +119,22 @@ def test_fork_reopens_proc_fd(tmp_path: Path) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert (tmp_path / "child.bin").read_bytes() == b"child"
+
+
+def test_a_link_planted_at_the_temporary_name_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The .part file is created O_EXCL|O_NOFOLLOW: a link at its name is an error, not a path."""
+    monkeypatch.setattr(localfs, "_tmpfile", False)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    dst = tmp_path / "d" / "out.bin"
+    dst.parent.mkdir()
+    planted = dst.parent / ".out.bin.planted.part"
+    planted.symlink_to(victim)
+    monkeypatch.setattr(localfs, "temp_name", lambda _dst, _job: str(planted))
+    task = task_for(tmp_path, b"attacker's", dst)
+    with pytest.raises(TransferError):
+        write(task, b"attacker's", Sink())
+    assert victim.read_bytes() == b"precious"
+    assert not dst.exists()
