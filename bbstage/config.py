@@ -19,12 +19,35 @@ class ConfigError(ValueError):
 
 def parse_size(text: str | int) -> int:
     """``"10G"`` → bytes (binary units, optional ``B``/``iB`` suffix)."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a size: {text!r} (use e.g. 512M, 10G)")
     if isinstance(text, int):
         return text
     m = re.fullmatch(r"\s*(\d+)\s*([KMGTP]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
     if not m:
         raise ValueError(f"not a size: {text!r} (use e.g. 512M, 10G)")
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def _whole(value: Any) -> int:
+    """A TOML integer (a boolean is not one, though Python's bool is an int)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{value!r} is not a whole number (write it unquoted, e.g. 4)")
+    return value
+
+
+def _number(value: Any) -> float:
+    """A TOML integer or float (not a boolean, not a quoted string)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{value!r} is not a number (write it unquoted, e.g. 7.5)")
+    return float(value)
+
+
+def _text(value: Any) -> str:
+    """A TOML string (``true`` or ``4`` unquoted is a mistake, not the text "True")."""
+    if not isinstance(value, str):
+        raise ValueError(f"{value!r} is not a string (quote it)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -68,16 +91,16 @@ _DAEMON_KEYS = {
     "socket": Path,
     "user_socket": Path,
     "state_dir": Path,
-    "control_group": str,
-    "admin_group": str,
-    "log_level": str,
-    "transfers": int,
-    "threads_per_transfer": int,
+    "control_group": _text,
+    "admin_group": _text,
+    "log_level": _text,
+    "transfers": _whole,
+    "threads_per_transfer": _whole,
     "chunk_size": parse_size,
-    "retention_days": float,
+    "retention_days": _number,
     "slurm_conf": Path,
-    "reconcile_interval": float,
-    "metrics_address": str,
+    "reconcile_interval": _number,
+    "metrics_address": _text,
 }
 
 

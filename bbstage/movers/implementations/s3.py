@@ -99,8 +99,6 @@ class S3Settings:
             if key == "accounts":
                 continue
             try:
-                if isinstance(value, bool) and key not in ("payload_signing", "verify"):
-                    raise ValueError(f"{value!r} is a boolean; see docs/configuration.md")
                 if key in sizes:
                     kwargs[key] = parse_size(value)
                 elif key in ints:
@@ -108,6 +106,8 @@ class S3Settings:
                     if kwargs[key] < 1:
                         raise ValueError("must be at least 1")
                 elif key in floats:
+                    if isinstance(value, bool):
+                        raise ValueError(f"{value!r} is not a number of seconds")
                     kwargs[key] = float(value)
                 elif key == "payload_signing":
                     if not isinstance(value, bool):
@@ -158,7 +158,9 @@ def parse_mode(value: Any) -> int:
 
 def _whole(value: Any) -> int:
     """A whole number: a TOML integer or a string of digits; never a float cut short."""
-    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
         return int(value)
     raise ValueError(f"{value!r} is not a whole number")
 
