@@ -255,7 +255,8 @@ class Engine:
         cutoff = time.time() - self.config.retention_days * 86400
         for job_id, pool_name in self.store.finished_before(cutoff, FINISHED):
             pool = self.config.pool(pool_name)
-            if pool is not None:
+            job = self.store.job(job_id)
+            if pool is not None and job is not None and job.origin == "setup":
                 await asyncio.to_thread(scratch.remove, pool, job_id)
             staged.unmark(self._staged, job_id)
             self.store.delete_job(job_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -216,3 +217,19 @@ def test_a_setup_re_run_keeps_the_record(engine: Engine) -> None:
     first = engine.store.job("12")
     setup(engine, "12", "stage_in source=/a/ destination=/b/")
     assert engine.store.job("12") is first
+
+
+def test_purge_never_removes_the_scratch_of_a_recovered_job(engine: Engine) -> None:
+    lines = ("stage_out source=$BB_SCRATCH/out.dat destination=/results/out.dat",)
+    outcomes(engine).append((Planned(5, 1), Done(5, 1)))
+    fields = {"job_id": "13", "uid": UID, "gid": GID, "script": script(*lines)}
+    assert ask(engine, "data_out", **fields) == ("ok", "")
+    job = engine.store.job("13")
+    assert job is not None and job.scratch
+    (Path(job.scratch) / "out.dat").write_text("kept")
+    ask(engine, "teardown", job_id="13", hurry=False)
+    engine.config = replace(engine.config, retention_days=-1)  # finished "long ago"
+
+    asyncio.run(engine.purge_expired())
+    assert engine.store.job("13") is None
+    assert (Path(job.scratch) / "out.dat").read_text() == "kept"
