@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import replace
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
