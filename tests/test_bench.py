@@ -187,3 +187,26 @@ def test_run_order_balances_ours_and_cp() -> None:
     assert [o[0] for o in orders] == ["bbstage", "cp", "bbstage", "cp"]
     assert all(o[-1] == "rsync" for o in orders)
     assert run_order(["bbstage"], 1) == ["bbstage"]
+
+
+def test_bench_modules_import_no_circle() -> None:
+    """The modules of bbstage/bench/ import each other (at any depth, in functions too)
+    without a circle: each can be read, and imported, after the ones it uses."""
+    import ast
+
+    package = Path(bench.__file__).parent
+    uses: dict[str, set[str]] = {}
+    for path in package.glob("*.py"):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        prefix = "bbstage.bench."
+        uses[path.stem] = {n.removeprefix(prefix) for n in names if n.startswith(prefix)}
+    done: set[str] = set()
+    while len(done) < len(uses):
+        ready = {m for m, deps in uses.items() if m not in done and deps <= done}
+        assert ready, f"import circle among {sorted(set(uses) - done)}"
+        done |= ready
