@@ -5,6 +5,8 @@ tests/integration/test_s3.py)."""
 from __future__ import annotations
 
 import hashlib
+import http.server
+import json
 import os
 import socket
 import threading
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.session
 import pytest
 from botocore.exceptions import ClientError
 from moto.server import ThreadedMotoServer
@@ -191,6 +194,97 @@ def test_profiles_from_the_users_own_aws_files(
     bad = {"endpoint_url": "http://127.0.0.1:9", "connect_timeout": 1}
     run(f"s3://{bucket}/f", str(tmp_path / "g"), endpoint, ex={"s3": bad, "profile": "lab"})
     assert (tmp_path / "g").read_text() == "data"
+
+
+ROLE_KEYS = {
+    "Code": "Success",
+    "Type": "AWS-HMAC",
+    "AccessKeyId": "HOSTROLEKEY",
+    "SecretAccessKey": "host-role-secret",
+    "Token": "host-role-token",
+    "LastUpdated": "2024-01-01T00:00:00Z",
+    "Expiration": "2099-01-01T00:00:00Z",
+}
+
+
+class FakeMetadata(http.server.BaseHTTPRequestHandler):
+    """The host's EC2 instance metadata service (IMDSv2) and container credentials endpoint:
+    hands a role's keys to whoever asks, and records every request in ``server.asked``."""
+
+    server: Any
+    replies = {
+        "PUT /latest/api/token": b"imds-token",
+        "GET /latest/meta-data/iam/security-credentials/": b"host-role",
+        "GET /latest/meta-data/iam/security-credentials/host-role": json.dumps(ROLE_KEYS).encode(),
+        "GET /container-creds": json.dumps(ROLE_KEYS).encode(),
+    }
+
+    def do_PUT(self) -> None:
+        self.reply()
+
+    def do_GET(self) -> None:
+        self.reply()
+
+    def reply(self) -> None:
+        asked = f"{self.command} {self.path}"
+        self.server.asked.append(asked)
+        body = self.replies.get(asked)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def host_role() -> Iterator[tuple[str, list[str]]]:
+    """A fake metadata server on 127.0.0.1: its URL and the requests it has seen."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeMetadata)
+    server.asked = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", server.asked  # type: ignore[attr-defined]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("route", ["instance", "container"])
+def test_a_user_without_credentials_never_gets_the_hosts_role(
+    route: str,
+    tmp_path: Path,
+    endpoint: str,
+    bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+    host_role: tuple[str, list[str]],
+) -> None:
+    """The instance-role and container-role providers are out of the chain, so a fake host
+    role on 127.0.0.1 is never asked. ``instance``: the user's own ~/.aws/config points IMDS
+    here (on EC2 it needs no setting at all: 169.254.169.254). ``container``: only
+    AWS_CONTAINER_CREDENTIALS_FULL_URI reaches it, which the worker deletes (aws-env-dropped),
+    so this route checks the chain alone, as if root's environment had leaked through."""
+    url, asked = host_role
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".aws").mkdir()
+    if route == "instance":
+        config = f"[default]\nec2_metadata_service_endpoint = {url}\n"
+        (tmp_path / ".aws" / "config").write_text(config)
+    else:
+        monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"{url}/container-creds")
+    (tmp_path / "f").write_text("data")
+    s3 = {"endpoint_url": endpoint, "connect_timeout": 1}
+    with pytest.raises(TransferError, match="no S3 credentials for user .*~/.aws/credentials"):
+        run(str(tmp_path / "f"), f"s3://{bucket}/f", endpoint, ex={"s3": s3})
+    assert asked == []
+    # The bait is live: botocore's own chain, with the same HOME and environment, takes the role.
+    assert botocore.session.get_session().get_credentials().access_key == "HOSTROLEKEY"
+    assert any("security-credentials" in a or "container-creds" in a for a in asked)
 
 
 def test_endpoint_unreachable_is_transient_and_named(tmp_path: Path) -> None:
