@@ -37,9 +37,13 @@ local function utf8_len(s, i)
 end
 
 -- JSON escapes: control characters, quote and backslash; bytes >= 0x80 that are not UTF-8.
-local CTRL, HIGH = {}, {}
-for c = 0, 127 do CTRL[string.char(c)] = format("\\u%04x", c) end
-for c = 128, 255 do HIGH[string.char(c)] = format("\\udc%02x", c) end
+local CTRL = { ['"'] = "\\u0022", ["\\"] = "\\u005c", ["\127"] = "\\u007f" }
+for c = 0, 31 do CTRL[string.char(c)] = format("\\u%04x", c) end
+local HIGH = setmetatable({}, { __index = function(t, c) -- filled on first use
+	local e = format("\\udc%02x", byte(c))
+	t[c] = e
+	return e
+end })
 
 -- A run of bytes >= 0x80: valid UTF-8 sequences as they are, every other byte as the
 -- escape \udcXX (Python's surrogateescape; docs/protocol.md "Bytes").
