@@ -61,7 +61,7 @@ async def _main(config: Config) -> int:
     engine = Engine(config, store, executor)
     server = Server(engine)
     await server.start()
-    metrics.serve(engine, config.metrics_address)
+    metrics.serve(config, store, executor, config.metrics_address)
     engine.resume()
     await engine.purge_expired()
     stop = asyncio.Event()

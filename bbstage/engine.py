@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import structlog
 
-from bbstage import directives, metrics, scratch, staged
+from bbstage import directives, metrics, report, scratch, staged
 from bbstage.config import Config
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
@@ -262,9 +262,7 @@ class Engine:
             self.store.delete_job(job_id)
 
     async def get_status(self, req: Request) -> Reply:
-        from bbstage import report  # noqa: PLC0415 - keeps the hot path small
-
-        return Reply.ok(report.bbstat(self, req.get("args") or [], req.get("uid")))
+        return Reply.ok(report.bbstat(self.store, req.get("args") or [], req.get("uid")))
 
     # -- staging ------------------------------------------------------------------------------
 

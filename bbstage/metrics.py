@@ -1,21 +1,22 @@
 """Prometheus metrics (prometheus_client), served on loopback by default.
 
 Counters and histograms are updated as transfers finish; gauges that describe the current
-state (pools, jobs, queue depth) are read from the engine at scrape time.
+state (pools, jobs, queue depth) are read from the store and the executor at scrape time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from bbstage.engine import Engine
+from bbstage import report
+from bbstage.config import Config
+from bbstage.state import Store
 
 log = structlog.get_logger("bbstage.metrics")
 
@@ -31,25 +32,32 @@ DURATION = Histogram(
 HOOKS = Counter("bbstage_hook_requests", "Requests from the Slurm hooks", ["hook", "status"])
 
 
-class StateCollector(Collector):
-    """Gauges computed from the engine when Prometheus scrapes."""
+class Queue(Protocol):
+    """What the gauges read of an executor."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    @property
+    def running(self) -> int: ...
+    @property
+    def queued(self) -> int: ...
+
+
+class StateCollector(Collector):
+    """Gauges computed when Prometheus scrapes."""
+
+    def __init__(self, config: Config, store: Store, executor: Queue) -> None:
+        self.config, self.store, self.executor = config, store, executor
 
     def collect(self) -> Iterator[Metric]:
-        from bbstage import report
-
         active = GaugeMetricFamily("bbstage_transfers_active", "Transfers running now")
-        active.add_metric([], self.engine.executor.running)
+        active.add_metric([], self.executor.running)
         yield active
         queued = GaugeMetricFamily(
             "bbstage_transfers_queued", "Transfers waiting for a worker slot"
         )
-        queued.add_metric([], self.engine.executor.queued)
+        queued.add_metric([], self.executor.queued)
         yield queued
         jobs = GaugeMetricFamily("bbstage_jobs", "Jobs known to the daemon", labels=["state"])
-        for state, n in sorted(self.engine.store.counts().items()):
+        for state, n in sorted(self.store.counts().items()):
             jobs.add_metric([state], n)
         yield jobs
         capacity = GaugeMetricFamily(
@@ -58,19 +66,19 @@ class StateCollector(Collector):
         reserved = GaugeMetricFamily(
             "bbstage_pool_reserved_bytes", "Capacity reserved by active jobs", labels=["pool"]
         )
-        for name, pool in report.pools(self.engine).items():
+        for name, pool in report.pools(self.config, self.store).items():
             capacity.add_metric([name], pool["capacity"])
             reserved.add_metric([name], pool["reserved"])
         yield capacity
         yield reserved
 
 
-def serve(engine: Engine, address: str) -> None:
+def serve(config: Config, store: Store, executor: Queue, address: str) -> None:
     """Start the HTTP endpoint (a daemon thread) on ``host:port``; empty address: off."""
     if not address:
         return
     host, _, port = address.rpartition(":")
-    REGISTRY.register(StateCollector(engine))
+    REGISTRY.register(StateCollector(config, store, executor))
     try:
         start_http_server(int(port), addr=host or "127.0.0.1")
     except OSError as exc:  # staging matters more than metrics: keep running

@@ -5,13 +5,11 @@ from __future__ import annotations
 import grp
 import pwd
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bbstage import scratch
-from bbstage.state import JobRow
-
-if TYPE_CHECKING:
-    from bbstage.engine import Engine
+from bbstage.config import Config
+from bbstage.state import JobRow, Store
 
 
 def may_see(config_admin_group: str | None, caller_uid: int, job: JobRow) -> bool:
@@ -84,11 +82,11 @@ def jobs_summary(jobs: list[JobRow]) -> list[dict[str, Any]]:
     return out
 
 
-def pools(engine: Engine) -> dict[str, dict[str, int]]:
-    return scratch.in_use(engine.config.pools, engine.store.reserved())
+def pools(config: Config, store: Store) -> dict[str, dict[str, int]]:
+    return scratch.in_use(config.pools, store.reserved())
 
 
-def bbstat(engine: Engine, args: list[str], uid: str | None) -> str:
+def bbstat(store: Store, args: list[str], uid: str | None) -> str:
     """Text for `scontrol show bbstat [JOBID]`.
 
     Slurm 22.05 does not tell the hook who asks, so without a uid this shows states and
@@ -96,9 +94,9 @@ def bbstat(engine: Engine, args: list[str], uid: str | None) -> str:
     """
     job_ids = [a for a in args if a.isdigit()]
     jobs = (
-        [j for j in (engine.store.job(i) for i in job_ids) if j]
+        [j for j in (store.job(i) for i in job_ids) if j]
         if job_ids
-        else (engine.store.jobs(("setup", "staging_in", "staged_in", "running", "staging_out")))
+        else (store.jobs(("setup", "staging_in", "staged_in", "running", "staging_out")))
     )
     lines = [f"{'JOBID':>8} {'STATE':<12} {'DONE':>9} {'BYTES':>20}"]
     for job in jobs:

@@ -145,7 +145,7 @@ class Server:
         if request.op == "jobs":
             visible = [j for j in engine.store.jobs() if report.may_see(admin, uid, j)]
             return protocol.encode_user_reply(OK, result=report.jobs_summary(visible))
-        return protocol.encode_user_reply(OK, result=report.pools(engine))
+        return protocol.encode_user_reply(OK, result=report.pools(self.config, engine.store))
 
     async def close(self) -> None:
         for task in list(self._tasks):
