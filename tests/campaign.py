@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bbstage.movers import checksum
+from bbstage.movers.implementations import s3 as s3mover
 from tests.s3env import S3Env, parse_exports
 from tests.s3env import start as s3_start
 from tests.s3fault import FaultProxy
@@ -77,7 +79,7 @@ man() {{
   elif [ -f "$2" ]; then echo "$(sha256sum < "$2" | cut -d' ' -f1)  $1"
   else echo "MISSING  $1"; fi
 }}
-{{ {inputs} }} > "$R.in.tmp" && mv "$R.in.tmp" "$R.in"
+{{ {inputs}; }} > "$R.in.tmp" && mv "$R.in.tmp" "$R.in"
 mkdir -p "$BB_SCRATCH/out/sub" {w}/res/$T
 for i in 1 2 3; do
   head -c $(( (RANDOM % 768 + 1) * 1024 )) /dev/urandom > "$BB_SCRATCH/out/o$i"
@@ -207,7 +209,12 @@ class Campaign:
         argv = ["runuser", "-u", user, "--", *cmd] if user else list(cmd)
         try:
             proc = subprocess.run(
-                argv, env=self.env, capture_output=True, text=True, timeout=timeout
+                argv,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
             )
         except subprocess.TimeoutExpired:
             return 124, f"timed out: {' '.join(argv)}"
@@ -234,7 +241,8 @@ class Campaign:
         self.w = self.dir / "campaign" / f"seed{self.args.seed}-{uuid.uuid4().hex[:6]}"
         self.w.mkdir(parents=True)
         (self.dir / "campaign").chmod(0o755)
-        self.cleanups.append(lambda: shutil.rmtree(self.w, ignore_errors=True))
+        if not self.args.keep:
+            self.cleanups.append(lambda: shutil.rmtree(self.w, ignore_errors=True))
         for sub in ("src/sub", "dst", "res", "out", "ran", "logs", "jobs", "tmpfs"):
             (self.w / sub).mkdir(parents=True)
         src = self.w / "src"
@@ -283,10 +291,10 @@ class Campaign:
         self.src["s3in"] = {}
         for i in range(8):
             body = rng.randbytes(rng.randint(1, 1024) << 10)
-            client.put_object(Bucket=self.bucket, Key=f"in/o{i:02}", Body=body)
+            client.put_object(Bucket=self.bucket, Key=f"in/o{i:02}", Body=body, Metadata=meta(body))
             self.src["s3in"][f"s3in/o{i:02}"] = (hashlib.sha256(body).hexdigest(), len(body))
         body = rng.randbytes(6 << 20)
-        client.put_object(Bucket=self.bucket, Key="in/big.obj", Body=body)
+        client.put_object(Bucket=self.bucket, Key="in/big.obj", Body=body, Metadata=meta(body))
         digest = (hashlib.sha256(body).hexdigest(), len(body))
         self.src["s3in"]["s3in/big.obj"] = digest
         self.src["bigobj"] = {"bigobj": digest}
@@ -548,13 +556,14 @@ class Campaign:
             t = time.monotonic() - t0
             try:
                 ok = self.inject(what)
+                took = time.monotonic() - t0 - t
             except (RuntimeError, subprocess.SubprocessError) as exc:
                 self.log(f"fault {what} failed: {exc}; bringing the cluster up")
                 self.up()
-                ok = True
+                ok, took = True, time.monotonic() - t0 - t
             if ok:
                 self.tally.faults[what] += 1
-                done.append(f"{what}@{t:.1f}s")
+                done.append(f"{what}@{t:.1f}s" + (f"(+{took:.1f}s)" if took >= 0.5 else ""))
             else:
                 self.tally.missed[what] += 1
         if any(f in ("s3_5xx", "s3_reset") for f in faults):
@@ -608,7 +617,7 @@ class Campaign:
                     job.info["_ended"] = "1"
                     continue
                 reason = info.get("Reason", "")
-                if info.get("Priority") == "0" and "burst_buffer" in reason:
+                if "burst_buffer" in reason and (info.get("Priority") == "0" or requeued(info)):
                     job.info["_held"] = reason.replace("_", " ")
                     if job.sid not in cancelled_held:
                         self.run("scancel", job.sid)
@@ -731,6 +740,9 @@ class Campaign:
             elif not reason:
                 reason = "CANCELLED"
         job.why = bad
+        job.info["_reason"] = reason
+        if self.args.verbose and not complete:
+            self.log(f"  job {job.sid} ({job.kind}) {state}: {reason or bad}")
         job.outcome = "VIOLATION" if bad else ("complete" if complete else "clearly-failed")
         if job.cancelled:
             self.tally.outcomes["cancelled-by-campaign"] += 1
@@ -897,6 +909,28 @@ def _recorded(sig: str) -> bool:
         return False
 
 
+def requeued(info: dict[str, str]) -> bool:
+    """Slurm requeued the job after a hook failed (e.g. pre_run while the daemon was down): it
+    waits (120 s) to run again; the hook's failure is its reason."""
+    if info.get("JobState") != "PENDING":
+        return False
+    try:
+        eligible = time.mktime(time.strptime(info.get("EligibleTime", ""), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return False
+    return eligible > time.time() + 5
+
+
+def meta(body: bytes) -> dict[str, str]:
+    """The checksums bbstage stores with an upload, so that ``checksum=`` downloads verify."""
+    out = {}
+    for algorithm in ("xxh3", "blake2b"):
+        h = checksum.new(algorithm)
+        h.update(body)
+        out[s3mover.checksum_key(algorithm)] = h.hexdigest()
+    return out
+
+
 def alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -977,6 +1011,8 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds a round's jobs may take to end [150]",
     )
     parser.add_argument("--json", action="store_true", help="results as JSON on stdout")
+    parser.add_argument("-v", "--verbose", action="store_true", help="say why jobs failed")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         parser.error("run as root (it submits jobs as bbuser1 and mounts a tmpfs)")
