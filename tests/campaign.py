@@ -51,7 +51,10 @@ FAULTS = (
     "s3_reset",
     "marks_removed",
     "run_dir_wiped",
+    "state_lost",
 )
+# Faults that matter most while a transfer runs: they wait (up to 3 s) for one to be in flight.
+IN_FLIGHT = {"daemon_sigterm", "daemon_sigkill", "worker_sigkill", "run_dir_wiped", "state_lost"}
 KINDS = ("tree", "file", "s3", "tmpfs")
 ENDED = {
     "COMPLETED",
@@ -169,6 +172,7 @@ class Tally:
     objects: int = 0
     violations: list[dict[str, Any]] = field(default_factory=list)
     missed: Counter[str] = field(default_factory=Counter)
+    in_flight: int = 0  # faults injected while a transfer's temporary file existed
 
     def verified(self, size: int, s3: bool = False) -> None:
         self.files += 1
@@ -251,7 +255,7 @@ class Campaign:
             (src / f"f{i:02}.dat").write_bytes(rng.randbytes(rng.randint(1, 1536) << 10))
         for i in range(8):
             (src / "sub" / f"g{i:02}.bin").write_bytes(rng.randbytes(rng.randint(0, 1024) << 10))
-        (src / "big.bin").write_bytes(rng.randbytes(24 << 20))
+        (src / "big.bin").write_bytes(rng.randbytes(64 << 20))
         chown(self.w)
         self.src = {
             "tree": tree_hashes(src, "in"),
@@ -416,11 +420,11 @@ class Campaign:
         elif kind == "tmpfs":
             dst = w / "tmpfs" / tag
             lines += [
-                f"stage_in source={w}/src/ destination={dst}/in/{ck}",
+                f"stage_in source={w}/src/sub/ destination={dst}/in/{ck}",
                 f"stage_out source=$BB_SCRATCH/out/ destination={dst}/out/",
             ]
             inputs.append(("in", f"{dst}/in"))
-            expected |= self.src["tree"]
+            expected |= {k.replace("sub/", "in/", 1): v for k, v in self.src["sub"].items()}
             ins.append(In("in", dst / "in", True))
             outs.append(Out("out", f"{dst}/out/", True))
         script = "\n".join(
@@ -429,7 +433,7 @@ class Campaign:
                 f"#SBATCH --job-name=bbfc-{tag}",
                 f"#SBATCH --output={w}/logs/{tag}-%j.out",
                 "#SBATCH --time=10",
-                "#BB_LUA pool=scratch capacity=96M",
+                "#BB_LUA pool=scratch capacity=128M",
                 *(f"#BB_LUA {line}" for line in lines),
                 SCRIPT_TAIL.format(
                     tag=tag, w=w, inputs="; ".join(f'man {lb} "{pa}"' for lb, pa in inputs)
@@ -457,7 +461,7 @@ class Campaign:
 
     def inject(self, kind: str) -> bool:
         """Inject one fault; False if it could not be (no worker to kill)."""
-        if kind in ("daemon_sigterm", "daemon_sigkill", "run_dir_wiped"):
+        if kind in ("daemon_sigterm", "daemon_sigkill", "run_dir_wiped", "state_lost"):
             pid = self.pid("bbstage")
             sig = signal.SIGTERM if kind == "daemon_sigterm" else signal.SIGKILL
             if kind == "run_dir_wiped":
@@ -472,6 +476,9 @@ class Campaign:
                     with contextlib.suppress(FileNotFoundError):
                         (run / name).unlink()
                 shutil.rmtree(run / "staged", ignore_errors=True)
+            if kind == "state_lost":  # the database is gone (a new disk, a bad restore)
+                for p in (self.dir / "bbstage").glob("state.db*"):
+                    p.unlink()
             self.local_cluster("restart-daemon", timeout=120)
             return True
         if kind == "worker_sigkill":
@@ -517,6 +524,24 @@ class Campaign:
             return True
         raise ValueError(kind)
 
+    def in_flight(self, jobs: list[Job], wait: float) -> bool:
+        """Wait until a transfer of this round is under way (a worker's temporary file
+        exists in one of its destinations or scratch directories); False after ``wait``."""
+        dirs = []
+        for job in jobs:
+            tag = job.tag.rsplit("_", 1)[0] if "_" in job.sid else job.tag
+            dirs += [self.w / "dst" / tag, self.w / "tmpfs" / tag, self.w / "out" / job.tag]
+            base = int(job.sid.split("_")[0])
+            dirs += [self.dir / "scratch" / str(base + i) for i in range(4)]
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            for d in dirs:
+                for _, _, files in os.walk(d):
+                    if any(TEMP.match(f) for f in files):
+                        return True
+            time.sleep(0.01)
+        return False
+
     def end_faults(self) -> None:
         self.proxy_reset()
         with contextlib.suppress(FileNotFoundError):
@@ -553,6 +578,10 @@ class Campaign:
                 self.run("scancel", victim.sid)
                 done.append(f"scancel {victim.sid}@{time.monotonic() - t0:.1f}s")
                 continue
+            hit = ""
+            if what in IN_FLIGHT and self.in_flight(jobs, wait=3.0):
+                hit = "!"  # a transfer was running
+                self.tally.in_flight += 1
             t = time.monotonic() - t0
             try:
                 ok = self.inject(what)
@@ -563,7 +592,8 @@ class Campaign:
                 ok, took = True, time.monotonic() - t0 - t
             if ok:
                 self.tally.faults[what] += 1
-                done.append(f"{what}@{t:.1f}s" + (f"(+{took:.1f}s)" if took >= 0.5 else ""))
+                took_s = f"(+{took:.1f}s)" if took >= 0.5 else ""
+                done.append(f"{what}{hit}@{t:.1f}s{took_s}")
             else:
                 self.tally.missed[what] += 1
         if any(f in ("s3_5xx", "s3_reset") for f in faults):
@@ -888,6 +918,7 @@ class Campaign:
             "faults": sum(t.faults.values()),
             "faults_by_kind": dict(sorted(t.faults.items())),
             "faults_missed": dict(t.missed),
+            "faults_during_a_transfer": t.in_flight,
             "jobs": len(self.jobs),
             "outcomes": dict(t.outcomes),
             "files_verified": t.files,
@@ -981,6 +1012,7 @@ def table(r: dict[str, Any]) -> str:
         f" {r['seconds']:.0f} s",
         f"  {'faults injected':<28}{r['faults']:>12}",
         *(f"    {k:<26}{v:>12}" for k, v in r["faults_by_kind"].items()),
+        f"    {'(during a transfer)':<26}{r['faults_during_a_transfer']:>12}",
         f"  {'jobs':<28}{r['jobs']:>12}",
         *(f"    {k:<26}{v:>12}" for k, v in sorted(r["outcomes"].items())),
         f"  {'files verified':<28}{r['files_verified']:>12}",
