@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bbstage import client
 from bbstage.movers import checksum
 from bbstage.movers.implementations import s3 as s3mover
 from tests.s3env import S3Env, parse_exports
@@ -53,7 +54,7 @@ FAULTS = (
     "run_dir_wiped",
     "state_lost",
 )
-# Faults that matter most while a transfer runs: they wait (up to 3 s) for one to be in flight.
+# Faults that matter most while a transfer runs: they wait (up to 4 s) for one to be in flight.
 IN_FLIGHT = {"daemon_sigterm", "daemon_sigkill", "worker_sigkill", "run_dir_wiped", "state_lost"}
 KINDS = ("tree", "file", "s3", "tmpfs")
 ENDED = {
@@ -524,22 +525,17 @@ class Campaign:
             return True
         raise ValueError(kind)
 
-    def in_flight(self, jobs: list[Job], wait: float) -> bool:
-        """Wait until a transfer of this round is under way (a worker's temporary file
-        exists in one of its destinations or scratch directories); False after ``wait``."""
-        dirs = []
-        for job in jobs:
-            tag = job.tag.rsplit("_", 1)[0] if "_" in job.sid else job.tag
-            dirs += [self.w / "dst" / tag, self.w / "tmpfs" / tag, self.w / "out" / job.tag]
-            base = int(job.sid.split("_")[0])
-            dirs += [self.dir / "scratch" / str(base + i) for i in range(4)]
+    def in_flight(self, wait: float) -> bool:
+        """Wait until a transfer is under way (a job staging in or out, as the daemon says);
+        False after ``wait`` seconds. Only the campaign's jobs run: it holds the lock."""
         deadline = time.monotonic() + wait
+        sock = self.dir / "run" / "user.sock"
         while time.monotonic() < deadline:
-            for d in dirs:
-                for _, _, files in os.walk(d):
-                    if any(TEMP.match(f) for f in files):
-                        return True
-            time.sleep(0.01)
+            with contextlib.suppress(client.DaemonError):
+                jobs = client.call(sock, "jobs", timeout=2.0)
+                if any(j["state"] in ("staging_in", "staging_out") for j in jobs):
+                    return True
+            time.sleep(0.02)
         return False
 
     def end_faults(self) -> None:
@@ -565,7 +561,9 @@ class Campaign:
             jobs += self.make_job("array", rnd, array=3)
         self.jobs += jobs
         t0 = time.monotonic()
-        plan = sorted((self.rng.uniform(0.2, 6.0), f) for f in faults)
+        # Faults that bite while data moves come early (stage-in starts at once) and then
+        # wait for a transfer; the others at any moment of the round.
+        plan = sorted((self.rng.uniform(0.0, 4.0 if f in IN_FLIGHT else 6.0), f) for f in faults)
         cancel_at = self.rng.uniform(0.5, 8.0) if self.rng.random() < 0.3 else None
         if cancel_at is not None:
             plan = sorted([*plan, (cancel_at, "cancel")])
@@ -579,7 +577,7 @@ class Campaign:
                 done.append(f"scancel {victim.sid}@{time.monotonic() - t0:.1f}s")
                 continue
             hit = ""
-            if what in IN_FLIGHT and self.in_flight(jobs, wait=3.0):
+            if what in IN_FLIGHT and self.in_flight(wait=4.0):
                 hit = "!"  # a transfer was running
                 self.tally.in_flight += 1
             t = time.monotonic() - t0
@@ -647,7 +645,9 @@ class Campaign:
                     job.info["_ended"] = "1"
                     continue
                 reason = info.get("Reason", "")
-                if "burst_buffer" in reason and (info.get("Priority") == "0" or requeued(info)):
+                if "burst_buffer" in reason.lower() and (
+                    info.get("Priority") == "0" or requeued(info)
+                ):
                     job.info["_held"] = reason.replace("_", " ")
                     if job.sid not in cancelled_held:
                         self.run("scancel", job.sid)
@@ -757,7 +757,10 @@ class Campaign:
                     f"{scratch} no longer holds them"
                 )
         complete = state == "COMPLETED" and ran is not None and bool(outputs) and not unverified
-        reason = info.get("_held") or (st or {}).get("error") or ""
+        slurm_reason = info.get("Reason", "").replace("_", " ")
+        if "burst buffer" not in slurm_reason.lower():
+            slurm_reason = ""  # e.g. "None": Slurm does not say why
+        reason = info.get("_held") or (st or {}).get("error") or slurm_reason
         if complete and st is not None and st.get("state") not in ("done", "staged_out"):
             reason = reason or f"bbstage state {st.get('state')}"
         if not bad and not complete:
