@@ -15,6 +15,7 @@ import pytest
 
 from bbstage import worker
 from bbstage.movers import TransferError
+from bbstage.transfer import Planned, TransferSpec
 from tests.s3env import S3Env, s3  # noqa: F401
 from tests.s3fault import FaultProxy
 
@@ -40,7 +41,7 @@ def stage(
 ) -> Conn:
     """Run a transfer as a worker does, with ``user``'s keys (the administrator-mapped path)."""
     keys = s3.keys(user)
-    spec = worker.spec_for(
+    spec = TransferSpec.between(
         src,
         dst,
         job_id="it",
@@ -80,11 +81,11 @@ def test_tree_small_objects_and_multipart_roundtrip(s3: S3Env, tmp_path: Path) -
         conn = stage(
             s3, f"s3://{bucket}/run/", f"{dst}/", download_concurrency=concurrency, **SMALL
         )
-        assert ("plan", 400 * (8 << 10) + (40 << 20), 401) in conn.events
+        assert Planned(400 * (8 << 10) + (40 << 20), 401) in conn.events
         assert same_tree(src, dst)
     # Everything is current now: nothing moves in either direction.
-    assert ("plan", 0, 0) in stage(s3, f"{src}/", f"s3://{bucket}/run/").events
-    assert ("plan", 0, 0) in stage(s3, f"s3://{bucket}/run/", f"{tmp_path}/dst1/").events
+    assert Planned(0, 0) in stage(s3, f"{src}/", f"s3://{bucket}/run/").events
+    assert Planned(0, 0) in stage(s3, f"s3://{bucket}/run/", f"{tmp_path}/dst1/").events
 
 
 def test_errors_name_the_url_and_the_users_own_credentials_are_enforced(

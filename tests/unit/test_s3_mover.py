@@ -24,6 +24,7 @@ from moto.server import ThreadedMotoServer
 from bbstage import worker
 from bbstage.movers import FileTask, MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
+from bbstage.transfer import Planned, TransferSpec
 
 CREDS = {"key": "testing", "secret": "testing"}
 
@@ -70,7 +71,7 @@ def extra(endpoint: str, **s3: Any) -> dict[str, Any]:
 def run(
     src: str, dst: str, endpoint: str, *, glob: bool = False, ex: dict | None = None, **s3: Any
 ) -> Conn:
-    spec = worker.spec_for(
+    spec = TransferSpec.between(
         src, dst, job_id="7", glob=glob, extra=ex if ex is not None else extra(endpoint, **s3)
     )
     conn = Conn()
@@ -83,7 +84,7 @@ def digest(path: Path) -> str:
 
 
 def plan_event(conn: Conn) -> tuple[Any, ...]:
-    return next(e for e in conn.events if e[0] == "plan")
+    return next(e for e in conn.events if isinstance(e, Planned))
 
 
 def test_file_up_and_down(tmp_path: Path, endpoint: str, client: Any, bucket: str) -> None:
@@ -93,15 +94,15 @@ def test_file_up_and_down(tmp_path: Path, endpoint: str, client: Any, bucket: st
     assert client.head_object(Bucket=bucket, Key="run/in.dat")["ContentLength"] == 100_000
     dst = tmp_path / "out" / "copy.dat"
     conn = run(f"s3://{bucket}/run/in.dat", str(dst), endpoint)
-    assert plan_event(conn) == ("plan", 100_000, 1)
+    assert plan_event(conn) == Planned(100_000, 1)
     assert dst.read_bytes() == src.read_bytes()
     assert oct(dst.stat().st_mode & 0o777) == oct(0o644)
     modified = client.head_object(Bucket=bucket, Key="run/in.dat")["LastModified"]
     assert abs(dst.stat().st_mtime - modified.timestamp()) < 1
     assert [p.name for p in dst.parent.iterdir()] == ["copy.dat"]  # no temporary left
     # Staged again: nothing to do, in either direction.
-    assert plan_event(run(f"s3://{bucket}/run/in.dat", str(dst), endpoint)) == ("plan", 0, 0)
-    assert plan_event(run(str(src), f"s3://{bucket}/run/in.dat", endpoint)) == ("plan", 0, 0)
+    assert plan_event(run(f"s3://{bucket}/run/in.dat", str(dst), endpoint)) == Planned(0, 0)
+    assert plan_event(run(str(src), f"s3://{bucket}/run/in.dat", endpoint)) == Planned(0, 0)
 
 
 def test_tree_of_many_small_objects(tmp_path: Path, endpoint: str, bucket: str) -> None:
@@ -111,18 +112,18 @@ def test_tree_of_many_small_objects(tmp_path: Path, endpoint: str, bucket: str) 
         sub.mkdir(parents=True, exist_ok=True)
         (sub / f"f{i}.txt").write_bytes(os.urandom(i))
     conn = run(f"{src}/", f"s3://{bucket}/tree/", endpoint, files_in_flight=8)
-    assert plan_event(conn)[2] == 120
+    assert plan_event(conn).files == 120
     dst = tmp_path / "dst"
     conn = run(f"s3://{bucket}/tree/", f"{dst}/", endpoint)
-    assert plan_event(conn) == ("plan", sum(range(120)), 120)
+    assert plan_event(conn) == Planned(sum(range(120)), 120)
     got = sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file())
     want = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
     assert got == want
     assert all(digest(dst / r) == digest(src / r) for r in want[:50])
     assert oct((dst / "d1" / "deep").stat().st_mode & 0o777) == oct(0o755)
     # Re-running skips everything (one LIST for the upload side, not a HEAD per object).
-    assert plan_event(run(f"{src}/", f"s3://{bucket}/tree/", endpoint))[1:] == (0, 0)
-    assert plan_event(run(f"s3://{bucket}/tree/", f"{dst}/", endpoint))[1:] == (0, 0)
+    assert plan_event(run(f"{src}/", f"s3://{bucket}/tree/", endpoint)) == Planned(0, 0)
+    assert plan_event(run(f"s3://{bucket}/tree/", f"{dst}/", endpoint)) == Planned(0, 0)
 
 
 @pytest.mark.parametrize("download_concurrency", [1, 4])
@@ -479,7 +480,7 @@ def test_worker_retries_transient_batch_failures(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(worker.movers, "get", lambda *_: Batch)
     conn = run("s3://b/", "/x/", "http://unused")
     assert calls == [["s3://b/a", "s3://b/b"], ["s3://b/b"]]
-    assert ("plan", 2, 2) in conn.events
+    assert Planned(2, 2) in conn.events
 
 
 def test_create_window_from_the_servers_date() -> None:
