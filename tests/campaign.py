@@ -192,6 +192,10 @@ class Campaign:
         self.cleanups: list[Any] = []
         self.round_faults: list[tuple[float, str]] = []
         self.seen: set[str] = set()
+        self.kinds = args.kinds.split(",") if args.kinds else list(FAULTS)
+        unknown = set(self.kinds) - set(FAULTS)
+        if unknown:
+            raise SystemExit(f"--kinds: unknown fault(s) {sorted(unknown)}: use {FAULTS}")
 
     # -- the cluster -----------------------------------------------------------------------
 
@@ -599,6 +603,8 @@ class Campaign:
             self.proxy_reset()
         self.wait(jobs, timeout=self.args.round_timeout)
         self.end_faults()
+        if self.args.sabotage and rnd == 0:
+            self.sabotage(jobs)
         for job in jobs:
             self.check(job, done)
         for job in jobs:  # free the small file system for the next rounds
@@ -618,6 +624,9 @@ class Campaign:
             fields: dict[str, str] = {}
             for k, v in re.findall(r"(\w+)=(\S*)", line):
                 fields.setdefault(k, v)
+            m = re.search(r"SystemComment=(.*?) \w+=", line)
+            if m:  # free text: the hooks' errors, each with its date
+                fields["SystemComment"] = m.group(1)
             records[fields.get("JobId", "")] = fields
             task = fields.get("ArrayTaskId", "")
             if task.isdigit():
@@ -645,10 +654,13 @@ class Campaign:
                     job.info["_ended"] = "1"
                     continue
                 reason = info.get("Reason", "")
-                if "burst_buffer" in reason.lower() and (
+                comment = info.get("SystemComment", "")
+                if "burst_buffer" in reason.lower() + comment and (
                     info.get("Priority") == "0" or requeued(info)
                 ):
-                    job.info["_held"] = reason.replace("_", " ")
+                    # Held or requeued by Slurm after a hook failed: the hook's error says why.
+                    why = reason if "burst_buffer" in reason.lower() else comment
+                    job.info["_held"] = f"{reason}: {why}".replace("_", " ")
                     if job.sid not in cancelled_held:
                         self.run("scancel", job.sid)
                         cancelled_held.add(job.sid)
@@ -664,6 +676,28 @@ class Campaign:
                 with contextlib.suppress(RuntimeError, subprocess.SubprocessError):
                     self.up()
             time.sleep(0.5)
+
+    def sabotage(self, jobs: list[Job]) -> None:
+        """Break one job's results on purpose, after it ended: the checker must see it
+        (``--sabotage``, for the campaign's own tests; never in a real run)."""
+        job = next(j for j in jobs if any(o.dest.startswith("/") for o in j.outs))
+        out = next(o for o in job.outs if o.dest.startswith("/") and o.dest.endswith("/"))
+        dest = Path(out.dest)
+        kind = self.args.sabotage
+        if kind == "temp":
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / f".o1.bbstage-{job.job_id}-deadbeef.part").write_bytes(b"partial")
+        elif kind == "torn":
+            with contextlib.suppress(FileNotFoundError), (dest / "o1").open("r+b") as f:
+                f.truncate(f.seek(0, os.SEEK_END) // 2)
+        elif kind == "scratch":
+            (dest / "o1").unlink(missing_ok=True)
+            shutil.rmtree(self.dir / "scratch" / job.job_id, ignore_errors=True)
+        elif kind == "input":
+            ran = self.w / "ran" / f"{job.tag}.in"
+            text = ran.read_text() if ran.exists() else "0"
+            ran.write_text(("0" if text[0] != "0" else "1") + text[1:])
+        self.log(f"sabotage {kind}: job {job.sid} ({job.kind}), {dest}")
 
     # -- the checks ------------------------------------------------------------------------
 
@@ -873,7 +907,7 @@ class Campaign:
         self.log(f"VIOLATION job {job.sid} ({job.kind}): {'; '.join(bad)}")
         sig = "|".join(sorted({b.split(":")[0] + ":" + _shape(b) for b in bad}))
         sig += "|" + ",".join(sorted({f.split("@")[0] for f in faults}))
-        if sig in self.seen or _recorded(sig):
+        if self.args.sabotage or sig in self.seen or _recorded(sig):
             return
         self.seen.add(sig)
         log = self.dir / "log" / "bbstage.log"
@@ -902,13 +936,20 @@ class Campaign:
         injected = rnd = 0
         per = max(1, self.args.per_round)
         while injected < self.args.faults and rnd < 3 * self.args.faults + 3:
+            if time.monotonic() - self.started > self.args.time_limit:
+                self.log(f"time limit ({self.args.time_limit:.0f} s): no more rounds")
+                break
             want = min(per, self.args.faults - injected)
-            faults = [self.rng.choice(FAULTS) for _ in range(want)]
+            faults = [self.rng.choice(self.kinds) for _ in range(want)]
             before = sum(self.tally.faults.values())
             self.round(rnd, faults)
             injected += sum(self.tally.faults.values()) - before
             rnd += 1
+            self.rounds = rnd
         self.rounds = rnd
+        if not self.tally.outcomes.get("complete"):
+            self.log("no job completed: the workload itself is broken")
+            return 1
         return 1 if self.tally.violations else 0
 
     def result(self) -> dict[str, Any]:
@@ -917,6 +958,7 @@ class Campaign:
             "seed": self.args.seed,
             "slurm": self.version,
             "rounds": getattr(self, "rounds", 0),
+            "complete_jobs": t.outcomes.get("complete", 0),
             "seconds": round(time.monotonic() - self.started, 1),
             "faults": sum(t.faults.values()),
             "faults_by_kind": dict(sorted(t.faults.items())),
@@ -1038,6 +1080,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--faults", type=int, default=20, help="faults to inject [20]")
     parser.add_argument("--slurm", default="22.05", choices=("22.05", "24.11"))
+    parser.add_argument("--kinds", help="only these faults (comma-separated) [all]")
     parser.add_argument("--per-round", type=int, default=2, help="faults per round [2]")
     parser.add_argument(
         "--round-timeout",
@@ -1045,9 +1088,20 @@ def main(argv: list[str] | None = None) -> int:
         default=150.0,
         help="seconds a round's jobs may take to end [150]",
     )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=480.0,
+        help="start no round after this many seconds [480]: the lock is shared",
+    )
     parser.add_argument("--json", action="store_true", help="results as JSON on stdout")
     parser.add_argument("-v", "--verbose", action="store_true", help="say why jobs failed")
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
+    parser.add_argument(
+        "--sabotage",
+        choices=("temp", "torn", "scratch", "input"),
+        help="break one job's results after round 0 (tests that the checker sees it)",
+    )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         parser.error("run as root (it submits jobs as bbuser1 and mounts a tmpfs)")
