@@ -109,16 +109,12 @@ def test_errors_name_the_url_and_the_users_own_credentials_are_enforced(
     # A wrong secret: RGW refuses the signature; permanent, and says what to fix.
     keys = s3.keys(USER)
     spec_extra = {"key": keys.key, "secret": "wrong" + keys.secret[5:]}
-    spec = {
-        "job_id": "it",
-        "source": f"s3://{mine}/k",
-        "destination": str(tmp_path / "y"),
-        "source_kind": "s3",
-        "destination_kind": "posix",
-        "tree": False,
-        "glob": False,
-        "extra": {"s3": {"endpoint_url": s3.endpoint}, "credentials": spec_extra},
-    }
+    spec = TransferSpec.between(
+        f"s3://{mine}/k",
+        str(tmp_path / "y"),
+        job_id="it",
+        extra={"s3": {"endpoint_url": s3.endpoint}, "credentials": spec_extra},
+    )
     with pytest.raises(TransferError, match="bad S3 credentials for the credentials") as e:
         worker.run(spec, worker._Reporter(Conn()), threading.Event())  # type: ignore[arg-type]
     assert e.value.permanent and "SignatureDoesNotMatch" in str(e.value)
