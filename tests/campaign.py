@@ -749,7 +749,7 @@ class Campaign:
                 for k, v in job.expected.items()
                 if k == d.label or k.startswith(d.label + "/")
             }
-            bad += self.check_files(d.dest, d.tree, want, d.stale, "stage-in")
+            bad += check_files(d.dest, d.tree, want, d.stale, "stage-in")
             row = rows.get(str(d.dest))
             if row and row["state"] == "done" and not self.whole(d.dest, d.tree, want, count=False):
                 bad.append(f"I2: stage-in to {d.dest} says done but it is not the source")
@@ -767,7 +767,7 @@ class Campaign:
                 problems, ok = self.check_s3(o.dest, want)
             else:
                 tree = o.dest.endswith("/")
-                problems = self.check_files(Path(o.dest), tree, want, o.stale, "stage-out")
+                problems = check_files(Path(o.dest), tree, want, o.stale, "stage-out")
                 ok = not problems and self.whole(Path(o.dest), tree, want)
             bad += problems
             row = rows.get(o.dest.rstrip("/"))
@@ -830,39 +830,6 @@ class Campaign:
             p = dest / rel if tree else dest
             self.tally.verified(p.stat().st_size)
         return True
-
-    def check_files(
-        self,
-        dest: Path,
-        tree: bool,
-        want: dict[str, tuple[str, int]],
-        stale: str | None,
-        what: str,
-    ) -> list[str]:
-        """Every file under a final name is one of ``want`` (or the stale file it replaces,
-        or nothing yet); no temporary file is left."""
-        bad = []
-        parent = dest if tree else dest.parent
-        if parent.is_dir():
-            for p in parent.rglob("*"):
-                if TEMP.match(p.name):
-                    bad.append(f"I3: {what} temporary file left: {p}")
-        if tree:
-            if not dest.is_dir():
-                return bad
-            for p in dest.rglob("*"):
-                if not p.is_file() or TEMP.match(p.name):
-                    continue
-                rel = str(p.relative_to(dest))
-                if rel not in want:
-                    bad.append(f"I3: {what} unexpected file {p}")
-                elif sha256(p) != want[rel][0]:
-                    bad.append(f"I3: {what} {p} differs from its source (torn?)")
-        elif dest.is_file():
-            digest = sha256(dest)
-            if digest != want.get("", ("",))[0] and digest != stale:
-                bad.append(f"I3: {what} {dest} is neither the source nor the old file (torn?)")
-        return bad
 
     def check_s3(self, url: str, want: dict[str, tuple[str, int]]) -> tuple[list[str], bool]:
         bucket, _, key = url[5:].partition("/")
@@ -983,6 +950,39 @@ def _recorded(sig: str) -> bool:
         return f"<!-- sig: {sig} -->" in FINDINGS.read_text()
     except OSError:
         return False
+
+
+def check_files(
+    dest: Path,
+    tree: bool,
+    want: dict[str, tuple[str, int]],
+    stale: str | None,
+    what: str,
+) -> list[str]:
+    """Every file under a final name is one of ``want`` (or the stale file it replaces,
+    or nothing yet); no temporary file is left."""
+    bad = []
+    parent = dest if tree else dest.parent
+    if parent.is_dir():
+        for p in parent.rglob("*"):
+            if TEMP.match(p.name):
+                bad.append(f"I3: {what} temporary file left: {p}")
+    if tree:
+        if not dest.is_dir():
+            return bad
+        for p in dest.rglob("*"):
+            if not p.is_file() or TEMP.match(p.name):
+                continue
+            rel = str(p.relative_to(dest))
+            if rel not in want:
+                bad.append(f"I3: {what} unexpected file {p}")
+            elif sha256(p) != want[rel][0]:
+                bad.append(f"I3: {what} {p} differs from its source (torn?)")
+    elif dest.is_file():
+        digest = sha256(dest)
+        if digest != want.get("", ("",))[0] and digest != stale:
+            bad.append(f"I3: {what} {dest} is neither the source nor the old file (torn?)")
+    return bad
 
 
 def requeued(info: dict[str, str]) -> bool:
