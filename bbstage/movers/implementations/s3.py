@@ -987,6 +987,8 @@ class S3Upload(_S3Mover):
             return False
         if self.checksum:
             stored = remote.meta.get(checksum_key(self.checksum))
+            if stored is None:
+                return False  # uploaded without checksum=: send it again, with one
             try:
                 return stored == checksum.digest_path(self.checksum, task.src)
             except OSError as exc:
