@@ -142,9 +142,12 @@ def main() -> None:
 
     env = start()
     s3conf["endpoint_url"] = env.endpoint
-    for item in args.s3:
+    for item in args.s3:  # key=value, the value as TOML (true, 8, "path"), else a string
         k, v = item.split("=", 1)
-        s3conf[k] = v
+        try:
+            s3conf[k] = tomllib.loads(f"v = {v}")["v"]
+        except tomllib.TOMLDecodeError:
+            s3conf[k] = v
     bucket = env.create_bucket(owner=USER)
     work = Path(tempfile.mkdtemp(prefix="bench-s3-", dir="/var/tmp"))
     b = Bench(env, bucket, work, s3conf)
