@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import tomllib
 import uuid
 from collections.abc import Callable
 from pathlib import Path
