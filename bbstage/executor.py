@@ -234,7 +234,9 @@ class TransferExecutor:
         """A new worker process for this identity."""
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
-            target=worker.serve, args=(child, identity), name=f"bbstage-worker-{identity.uid}"
+            target=worker.serve,
+            args=(child, identity, os.getpid()),
+            name=f"bbstage-worker-{identity.uid}",
         )
         proc.start()
         child.close()

@@ -30,6 +30,7 @@ _REPORT_EVERY = 0.25
 IDLE_EXIT = 120.0  # a worker left idle this long exits (the executor retires it sooner)
 READ_AHEAD_FILES = 2048
 READ_AHEAD_BYTES = 128 << 20
+_WATCH_EVERY = 0.5  # seconds between checks that the daemon still runs
 
 
 class _Reporter:
@@ -71,10 +72,11 @@ class _Reporter:
         self.send(Moved(self.bytes, self.files))
 
 
-def serve(conn: Connection, identity: Identity) -> None:
+def serve(conn: Connection, identity: Identity, daemon: int | None = None) -> None:
     """Process entry point: drop privileges for good, then run the transfers the parent sends,
     one at a time, until it sends ``None``, closes the pipe, or sends nothing for
-    ``IDLE_EXIT`` seconds. SIGTERM cancels the running transfer and ends the process."""
+    ``IDLE_EXIT`` seconds. SIGTERM cancels the running transfer and ends the process; so
+    does the end of the ``daemon`` process, if given."""
     cancel = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: cancel.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -88,6 +90,8 @@ def serve(conn: Connection, identity: Identity) -> None:
         conn.send(Failed(f"could not assume the job owner's identity: {exc}"))
         conn.close()
         return
+    if daemon is not None:
+        _die_with(daemon)
     try:
         while not cancel.is_set() and conn.poll(IDLE_EXIT):
             spec = conn.recv()
@@ -114,6 +118,24 @@ def _transfer(spec: TransferSpec, reporter: _Reporter, cancel: threading.Event) 
         reporter.send(Failed(str(exc), exc.permanent))
     except Exception as exc:  # a bug: report it rather than die silently
         reporter.send(Failed(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def _die_with(daemon: int) -> None:
+    """End this process within ``_WATCH_EVERY`` seconds of the daemon's end: a worker left
+    copying by a killed daemon would race the restarted daemon's attempt at the same files
+    (its forkserver, our parent, outlives a SIGKILLed daemon, so PR_SET_PDEATHSIG cannot)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(_WATCH_EVERY)
+            try:
+                os.kill(daemon, 0)
+            except ProcessLookupError:
+                os.kill(os.getpid(), signal.SIGKILL)  # temp files: the next attempt sweeps
+            except PermissionError:
+                pass  # alive (root's, and we are the user now)
+
+    threading.Thread(target=watch, name="watch-daemon", daemon=True).start()
 
 
 def _become(identity: Identity) -> None:

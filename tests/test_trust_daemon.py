@@ -176,3 +176,18 @@ def test_a_blocking_data_in_never_takes_busy_for_staged(tmp_path: Path) -> None:
             assert rc != 0 and "not finished" in message, (hook, rc, message)
     finally:
         router.close()
+
+
+def test_workers_do_not_outlive_a_killed_daemon(area: Path) -> None:
+    """A worker left copying by a SIGKILLed daemon would race the restarted daemon's
+    attempt at the same files (the campaign saw one fail that way)."""
+    d = start_daemon(area / "d")
+    uid, gid = user_ids()
+    data = user_tree(tree(area / "data", 24, 8 << 20), uid, gid)
+    (area / "mine").mkdir()
+    dst = user_tree(area / "mine", uid, gid) / "dst"
+    job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
+    assert d.hook("slurm_bb_setup", "340", str(uid), str(gid), "(null)", "0", job)[0] == 0
+    wait_for(lambda: bool(workers(d, uid)))
+    d.kill()
+    wait_for(lambda: not workers(d, uid), timeout=5)
