@@ -83,9 +83,12 @@ function slurm_bb_paths(job_id, job_script, path_file, uid, gid, job_info)
 	local pools = site.pools or {}
 	if #pools == 0 then return slurm.SUCCESS end
 	local chosen = pools[1]
-	local wanted = module("directives").parse(read_script(job_script)).pool
-	for _, p in ipairs(pools) do
-		if p.name == wanted then chosen = p end
+	if #pools > 1 then -- only then does the script's pool= matter (and the script is read:
+		-- 24.11 may give a split-off array task a script path that does not exist)
+		local wanted = module("directives").parse(read_script(job_script)).pool
+		for _, p in ipairs(pools) do
+			if p.name == wanted then chosen = p end
+		end
 	end
 	local f, err = io.open(path_file, "a")
 	if not f then return slurm.ERROR, "cannot write path file: " .. tostring(err) end

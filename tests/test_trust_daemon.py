@@ -191,3 +191,16 @@ def test_workers_do_not_outlive_a_killed_daemon(area: Path) -> None:
     wait_for(lambda: bool(workers(d, uid)))
     d.kill()
     wait_for(lambda: not workers(d, uid), timeout=5)
+
+
+def test_paths_with_one_pool_needs_no_script(area: Path) -> None:
+    """Slurm 24.11 held split-off array tasks: slurm_bb_paths could not read their script
+    (the campaign found it). With one pool there is nothing in the script to look for."""
+    d = start_daemon(area / "d")
+    try:
+        path_file = area / "paths"
+        rc, _ = d.hook("slurm_bb_paths", "350", str(area / "no-such-script"), str(path_file))
+        assert rc == 0
+        assert path_file.read_text() == f"BB_SCRATCH={area}/d/scratch/350\n"
+    finally:
+        d.stop()
