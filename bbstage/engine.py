@@ -50,7 +50,6 @@ class Engine:
         self._active: dict[tuple[str, int], asyncio.Future[Done]] = {}
         # Running transfers' latest plan/progress counts, saved by record_progress.
         self._counts: dict[tuple[str, int], dict[str, int]] = {}
-        self._plans: dict[tuple[str, int], Planned] = {}  # what each running transfer promised
         self._attempts: dict[tuple[str, int], int] = {}
         self._stopping = False
         self._ops: dict[str, Callable[[Request], Awaitable[Reply]]] = {
@@ -336,12 +335,10 @@ class Engine:
         # An earlier attempt (before a restart, or killed) may have left temporary files.
         spec = self._spec(job, d).but(resumed=d.started is not None)
         self.store.set_directive(job.job_id, d.idx, state=RUNNING, error="", started=time.time())
-        self._plans.pop(key, None)
 
         def on_event(event: Event) -> None:  # in the executor's thread
             counts = self._counts.get(key, {})
             if isinstance(event, Planned):
-                self._plans[key] = event
                 self._counts[key] = {**counts, "bytes_total": event.bytes,
                                      "files_total": event.files}  # fmt: skip
             elif isinstance(event, Moved):
@@ -361,7 +358,12 @@ class Engine:
         key = (job_id, d.idx)
         self._active.pop(key, None)
         counts = self._counts.pop(key, {})
-        plan = self._plans.pop(key, None)
+        # What the worker promised (its Planned event), if it got that far.
+        plan = (
+            Planned(counts["bytes_total"], counts["files_total"])
+            if "files_total" in counts
+            else None
+        )
         if future.cancelled() or (self._stopping and future.exception() is not None):
             log.info("transfer interrupted, resumes on start", job_id=job_id, directive=d.idx)
             return

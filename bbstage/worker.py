@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import os
 import pwd
-import re
 import signal
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any
 
 from bbstage import movers
 from bbstage.identity import Identity
-from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
+from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, localfs
 from bbstage.transfer import Done, Failed, Moved, Planned, ScratchLimit, TempFile, TransferSpec
 
 RETRIES = 5
@@ -39,7 +38,7 @@ class _Reporter:
 
     def __init__(self, conn: Connection) -> None:
         self._conn, self._lock = conn, threading.Lock()
-        self.bytes = self.files = 0
+        self.bytes = 0  # reported by the movers as they copy
         self.committed = Done(0, 0)
         self._last = time.monotonic()  # the first report after _REPORT_EVERY
 
@@ -55,7 +54,6 @@ class _Reporter:
     def file_done(self, task: FileTask, seconds: float | None = None) -> None:
         """``task`` is in place, verified; ``seconds`` it took (``bbstage bench``)."""
         with self._lock:
-            self.files += 1
             self.committed = Done(self.committed.bytes + task.size, self.committed.files + 1)
             self._maybe_report()
 
@@ -66,10 +64,10 @@ class _Reporter:
         now = time.monotonic()
         if now - self._last >= _REPORT_EVERY:
             self._last = now
-            self._conn.send(Moved(self.bytes, self.files))
+            self._conn.send(Moved(self.bytes, self.committed.files))
 
     def flush(self) -> None:
-        self.send(Moved(self.bytes, self.files))
+        self.send(Moved(self.bytes, self.committed.files))
 
 
 def serve(conn: Connection, identity: Identity, daemon: int | None = None) -> None:
@@ -342,15 +340,10 @@ def _with_retries(action: Any, cancel: threading.Event) -> Any:
         delay = min(delay * 2, BACKOFF_CAP)
 
 
-def _stale_temp(job_id: str) -> re.Pattern[str]:
-    """Names of this job's temporary files (``localfs.temp_name``), any attempt's."""
-    return re.compile(rf"\..+\.bbstage-{re.escape(job_id)}-[0-9a-f]{{8}}\.part\Z", re.DOTALL)
-
-
 def remove_stale_temps(tasks: list[FileTask], job_id: str) -> int:
     """Remove the temporary files an earlier, killed attempt of this job left in the
     local destination directories of ``tasks`` (as the user); how many were removed."""
-    pattern, removed = _stale_temp(job_id), 0
+    pattern, removed = localfs.temp_pattern(job_id), 0
     for parent in {os.path.dirname(t.dst) for t in tasks if not t.dst.startswith("s3://")}:
         try:
             names = os.listdir(parent)

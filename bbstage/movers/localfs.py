@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import glob as globmod
 import os
+import re
 import stat
 import threading
 import uuid
@@ -110,6 +111,11 @@ def make_link(task: FileTask, job_id: str) -> None:
 def temp_name(dst: str, job_id: str) -> str:
     head, tail = os.path.split(dst)
     return os.path.join(head, f".{tail}.bbstage-{job_id}-{uuid.uuid4().hex[:8]}.part")
+
+
+def temp_pattern(job_id: str) -> re.Pattern[str]:
+    """The names ``temp_name`` gives this job's temporary files, any attempt's."""
+    return re.compile(rf"\..+\.bbstage-{re.escape(job_id)}-[0-9a-f]{{8}}\.part\Z", re.DOTALL)
 
 
 class atomic_file:  # lower case: used as a function, ``with atomic_file(...) as fd``
