@@ -77,6 +77,20 @@ def workers(d: Daemon, uid: int) -> list[int]:
     return pids
 
 
+def set_up_stage_in(
+    d: Daemon, area: Path, job_id: str, files: int, size: int
+) -> tuple[Path, Path, str]:
+    """A tree of the test user's, a destination of theirs, and a job staging one into the
+    other, set up (setup hook, as 22.05 calls it): (source, destination, script)."""
+    uid, gid = user_ids()
+    data = user_tree(tree(area / "data", files, size), uid, gid)
+    (area / "mine").mkdir()
+    dst = user_tree(area / "mine", uid, gid) / "dst"
+    job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
+    assert d.hook("slurm_bb_setup", job_id, str(uid), str(gid), "(null)", "0", job)[0] == 0
+    return data, dst, job
+
+
 def test_sigterm_mid_stage_in_resumes_and_every_file_lands(area: Path) -> None:
     """The issue's reproduction: three jobs stage the same 300-file tree; the daemon gets
     SIGTERM (systemctl restart) mid-copy. It used to record the transfers done, and the jobs
@@ -111,12 +125,8 @@ def test_sigterm_mid_stage_in_resumes_and_every_file_lands(area: Path) -> None:
 def test_a_killed_worker_is_run_again_and_the_job_completes(area: Path) -> None:
     d = start_daemon(area / "d")
     uid, gid = user_ids()
-    data = user_tree(tree(area / "data", 40, 4 << 20), uid, gid)  # named .part temp files
-    (area / "mine").mkdir()
-    dst = user_tree(area / "mine", uid, gid) / "dst"
-    job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
+    data, dst, job = set_up_stage_in(d, area, "310", 40, 4 << 20)  # named .part temp files
     try:
-        assert d.hook("slurm_bb_setup", "310", str(uid), str(gid), "(null)", "0", job)[0] == 0
         hook = blocking_data_in(d, "310", job)
         wait_for(lambda: dst.exists() and len(list(dst.iterdir())) >= 3 and workers(d, uid))
         for pid in workers(d, uid):
@@ -134,11 +144,7 @@ def test_sigkill_of_the_daemon_leaves_no_temp_file_after_the_restart(area: Path)
     transfer removes it."""
     d = start_daemon(area / "d")
     uid, gid = user_ids()
-    data = user_tree(tree(area / "data", 24, 8 << 20), uid, gid)
-    (area / "mine").mkdir()
-    dst = user_tree(area / "mine", uid, gid) / "dst"
-    job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
-    assert d.hook("slurm_bb_setup", "320", str(uid), str(gid), "(null)", "0", job)[0] == 0
+    data, dst, job = set_up_stage_in(d, area, "320", 24, 8 << 20)
     hook = blocking_data_in(d, "320", job)
     wait_for(lambda: dst.exists() and temps(dst))
     for pid in workers(d, uid):
@@ -182,12 +188,8 @@ def test_workers_do_not_outlive_a_killed_daemon(area: Path) -> None:
     """A worker left copying by a SIGKILLed daemon would race the restarted daemon's
     attempt at the same files (the campaign saw one fail that way)."""
     d = start_daemon(area / "d")
-    uid, gid = user_ids()
-    data = user_tree(tree(area / "data", 24, 8 << 20), uid, gid)
-    (area / "mine").mkdir()
-    dst = user_tree(area / "mine", uid, gid) / "dst"
-    job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
-    assert d.hook("slurm_bb_setup", "340", str(uid), str(gid), "(null)", "0", job)[0] == 0
+    uid, _ = user_ids()
+    set_up_stage_in(d, area, "340", 24, 8 << 20)
     wait_for(lambda: bool(workers(d, uid)))
     d.kill()
     wait_for(lambda: not workers(d, uid), timeout=5)
