@@ -10,15 +10,11 @@ import hashlib
 import os
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import xxhash
-from moto.server import ThreadedMotoServer
 
 from bbstage import worker
 from bbstage.movers import FileTask, MoverOptions, TransferError
@@ -26,16 +22,11 @@ from bbstage.movers import checksum as cs
 from bbstage.movers.implementations import s3 as s3m
 from bbstage.transfer import Planned, TransferSpec
 
-CREDS = {"key": "testing", "secret": "testing"}
+from .test_s3_mover import Conn, bucket, client, endpoint, extra
+
 SMALL = {"part_size": "5M", "multipart_threshold": "8M", "max_concurrency": 4}
 
-
-class Conn:
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def send(self, event: Any) -> None:
-        self.events.append(event)
+__all__ = ["bucket", "client", "endpoint"]  # fixtures, shared with test_s3_mover
 
 
 class Sink:
@@ -44,37 +35,6 @@ class Sink:
 
     def temp(self, path: str) -> None:
         pass
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def client(endpoint: str) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-
-
-@pytest.fixture
-def bucket(client: Any) -> str:
-    name = f"bkt-{uuid.uuid4().hex[:10]}"
-    client.create_bucket(Bucket=name)
-    return name
-
-
-def extra(endpoint: str, **s3: Any) -> dict[str, Any]:
-    return {"s3": {"endpoint_url": endpoint, **s3}, "credentials": CREDS}
 
 
 def run(src: str, dst: str, endpoint: str, **fields: Any) -> Planned:
