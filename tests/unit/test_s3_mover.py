@@ -24,6 +24,7 @@ from moto.server import ThreadedMotoServer
 from bbstage import worker
 from bbstage.movers import FileTask, MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
+from bbstage.movers.implementations.s3.download import _safe_rel
 from bbstage.transfer import Planned, TransferSpec
 
 CREDS = {"key": "testing", "secret": "testing"}
@@ -352,8 +353,8 @@ def test_failed_download_leaves_no_file_and_takes_back_progress(
 def test_unsafe_keys_are_refused() -> None:
     for rel in ["../x", "a/../../x", "/abs", "a//b", "./a"]:
         with pytest.raises(TransferError, match="not a safe relative path"):
-            s3m._safe_rel(rel, "s3://b/p/" + rel)
-    assert s3m._safe_rel("a/b.c", "s3://b/p/a/b.c") == "a/b.c"
+            _safe_rel(rel, "s3://b/p/" + rel)
+    assert _safe_rel("a/b.c", "s3://b/p/a/b.c") == "a/b.c"
 
 
 def client_error(code: str, status: int) -> ClientError:
@@ -484,7 +485,7 @@ def test_worker_retries_transient_batch_failures(monkeypatch: pytest.MonkeyPatch
 
 
 def test_create_window_from_the_servers_date() -> None:
-    from bbstage.movers.implementations.s3 import _create_window
+    from bbstage.movers.implementations.s3.upload import _create_window
 
     reply = {"ResponseMetadata": {"HTTPHeaders": {"date": "Sat, 21 Nov 2026 21:00:10 GMT"}}}
     start, end = _create_window(reply, 3.0)  # type: ignore[misc]

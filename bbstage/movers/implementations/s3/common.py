@@ -1,0 +1,288 @@
+"""What both directions share: the mover base (filesystem, event loop, batching, retries)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from bbstage.movers import checksum
+from bbstage.movers.base import (
+    Cancelled,
+    FileTask,
+    Mover,
+    MoverOptions,
+    Progress,
+    TransferError,
+)
+from bbstage.movers.implementations.s3.errors import S3Error, _user, translate
+from bbstage.movers.implementations.s3.settings import S3Settings
+
+T = TypeVar("T")
+_PART_RETRIES = 3  # attempts per request/part inside the mover (the worker retries files)
+# Object metadata (x-amz-meta-*) every upload carries: the source's st_mtime_ns, so that a
+# later run knows whether the object is this very file (size alone is not enough), and with
+# checksum= the digest of the bytes sent, which downloads with checksum= verify.
+MTIME_KEY = "bbstage-mtime"
+
+
+def checksum_key(algorithm: str) -> str:
+    """The metadata key of a bbstage checksum (``x-amz-meta-bbstage-xxh3``)."""
+    return f"bbstage-{algorithm}"
+
+
+class _S3Mover(Mover):
+    """Shared by both directions: the filesystem, the event loop, batching, errors."""
+
+    def __init__(self, options: MoverOptions) -> None:
+        super().__init__(options)
+        self.settings = S3Settings.from_config(dict(options.extra.get("s3") or {}))
+        self.profile: str | None = options.extra.get("profile") or None
+        if options.extra.get("credentials_error"):
+            raise TransferError(options.extra["credentials_error"])
+        self._creds: dict[str, str] | None = options.extra.get("credentials")
+        if self.profile:
+            self.who = f"profile {self.profile!r}"
+        elif self._creds:
+            self.who = f"the credentials the administrator mapped to user {_user()}"
+        else:
+            self.who = "the default profile"
+        self.endpoint = self.settings.endpoint_url
+        self.url = "s3://"  # the transfer's S3 side, for messages
+        checksum.check(options.checksum)
+        self.checksum = options.checksum if options.checksum != "none" else None
+        self._fs: Any = None
+        self._client: Any = None
+        self._part_slots: asyncio.Semaphore | None = None
+
+    # The filesystem and client are built lazily, on the loop, in the worker's identity.
+    def _filesystem(self) -> Any:
+        if self._fs is None:
+            self._fs = _make_filesystem(self)
+        return self._fs
+
+    async def _s3(self) -> Any:
+        if self._client is None:
+            self._client = await self._filesystem().set_session()
+            self.endpoint = self._client.meta.endpoint_url
+            self._part_slots = asyncio.Semaphore(self.settings.max_concurrency)
+        return self._client
+
+    def _run(self, make: Callable[[], Awaitable[T]], cancel: threading.Event | None = None) -> T:
+        """Run a coroutine on s3fs's loop; a set ``cancel`` cancels it promptly (its cleanup,
+        such as aborting a multipart upload, still runs)."""
+        from fsspec.asyn import sync
+
+        async def guarded() -> T:
+            task = asyncio.ensure_future(make())
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.1)
+                if done:
+                    return task.result()
+                if cancel is not None and cancel.is_set():
+                    task.cancel()
+                    try:
+                        await task
+                    except BaseException:
+                        pass
+                    raise Cancelled()
+
+        fs = self._filesystem()
+        try:
+            return sync(fs.loop, guarded)
+        except TransferError:
+            raise
+        except Exception as exc:
+            raise self._error(exc, self.url) from None
+
+    def _error(self, exc: BaseException, url: str) -> TransferError:
+        return translate(exc, url, self.who, self.endpoint)
+
+    async def _retry(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
+        """One request (or part) with a few quick retries of transient errors."""
+        delay = 0.1
+        for attempt in range(_PART_RETRIES):
+            try:
+                return await make()
+            except Exception as exc:
+                err = self._error(exc, what)
+                if err.permanent or attempt == _PART_RETRIES - 1:
+                    raise err from None
+            await asyncio.sleep(delay)
+            delay *= 4
+        raise AssertionError("unreachable")
+
+    async def _head(self, bucket: str, key: str) -> dict[str, Any]:
+        """HEAD an object. A HEAD answer has no body, so a 403 does not say why: ask again with
+        a one-byte GET, whose error names the cause (bad signature, unknown key, denied)."""
+        s3 = await self._s3()
+        url = f"s3://{bucket}/{key}"
+        try:
+            return await self._retry(url, lambda: s3.head_object(Bucket=bucket, Key=key))
+        except S3Error as exc:
+            if exc.code != "403":
+                raise
+        resp = await self._retry(
+            url, lambda: s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-0")
+        )
+        resp["Body"].close()
+        raise S3Error(f"access denied: {url} (using {self.who})", permanent=True, code="403")
+
+    def copy(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
+        if task.kind == "dir":
+            return self._make_dir(task)
+        self._run(lambda: self._copy_one(task, progress), cancel)
+
+    def copy_many(
+        self,
+        tasks: list[FileTask],
+        progress: Progress,
+        cancel: threading.Event,
+        done: Callable[[FileTask], None],
+    ) -> dict[FileTask, TransferError]:
+        """Copy many entries at once (see ``Mover.copy_many``): ``files_in_flight`` objects
+        concurrently on one event loop; stops at the first permanent error."""
+        for task in tasks:
+            if task.kind == "dir":
+                self._make_dir(task)
+        todo = [t for t in tasks if t.kind != "dir"]
+        return self._run(lambda: self._copy_many(todo, progress, done), cancel) if todo else {}
+
+    async def _copy_many(
+        self, tasks: list[FileTask], progress: Progress, done: Callable[[FileTask], None]
+    ) -> dict[FileTask, TransferError]:
+        await self._s3()
+        failures: dict[FileTask, TransferError] = {}
+        queue = iter(tasks)
+
+        async def runner() -> None:
+            for task in queue:
+                try:
+                    await self._copy_one(task, progress)
+                except Exception as exc:
+                    err = self._error(exc, task.src if task.src.startswith("s3:") else task.dst)
+                    failures[task] = err
+                    if err.permanent:
+                        raise err from None
+                    continue
+                done(task)
+
+        runners = [
+            asyncio.ensure_future(runner())
+            for _ in range(min(self.settings.files_in_flight, len(tasks)))
+        ]
+        try:
+            await _first_failure(runners)
+        except TransferError:
+            pass  # recorded in failures
+        return failures
+
+    def _make_dir(self, task: FileTask) -> None:
+        pass
+
+    async def _copy_one(self, task: FileTask, progress: Progress) -> None:
+        raise NotImplementedError
+
+    def remove(self, url: str) -> None:
+        """Delete ``url`` and everything under it (for tools that clean up what they wrote)."""
+        fs = self._filesystem()
+        keys = self._run(lambda: fs._find(url.removeprefix("s3://")))
+        if keys:
+            self._run(lambda: fs._rm(keys))
+
+    def close(self) -> None:
+        if self._client is not None and self._fs is not None:
+            try:
+                self._run(lambda: self._fs._s3creator.__aexit__(None, None, None))
+            except Exception:
+                pass
+            self._client = None
+
+
+def _make_filesystem(mover: _S3Mover) -> Any:
+    """An s3fs filesystem with the user's credentials and the site's endpoint settings."""
+    import botocore.exceptions as bx
+    import s3fs
+    from aiobotocore.session import AioSession
+
+    settings = mover.settings
+    session = AioSession(profile=mover.profile) if mover.profile else AioSession()
+    try:
+        # Never the host's credentials: no EC2 instance role, no ECS/container role.
+        resolver = session.get_component("credential_provider")
+        for name in ("iam-role", "container-role"):
+            resolver.remove(name)
+        scoped = session.get_scoped_config()
+    except bx.ProfileNotFound as exc:
+        raise translate(exc, mover.url, mover.who, settings.endpoint_url) from None
+    except bx.BotoCoreError as exc:
+        raise TransferError(f"cannot read ~/.aws/config of user {_user()}: {exc}") from None
+    # A profile's own endpoint_url/region (in ~/.aws/config) wins over the site default.
+    endpoint = None if scoped.get("endpoint_url") else settings.endpoint_url
+    region = None if scoped.get("region") else settings.region
+    style = settings.addressing_style or ("path" if endpoint else "auto")
+    s3_config: dict[str, Any] = {"addressing_style": style}
+    if not settings.payload_signing:
+        s3_config["payload_signing_enabled"] = False
+    config_kwargs: dict[str, Any] = {
+        "max_pool_connections": settings.max_pool_connections,
+        "connect_timeout": settings.connect_timeout,
+        "read_timeout": settings.read_timeout,
+        "retries": {"max_attempts": settings.retries, "mode": "standard"},
+        "s3": s3_config,
+        "request_checksum_calculation": settings.checksums,
+        "response_checksum_validation": settings.checksums,
+    }
+    client_kwargs: dict[str, Any] = {"verify": settings.verify}
+    if region:
+        client_kwargs["region_name"] = region
+    creds = mover._creds if not mover.profile else None
+    return s3fs.S3FileSystem(
+        session=session,
+        key=creds["key"] if creds else None,
+        secret=creds["secret"] if creds else None,
+        token=creds.get("token") if creds else None,
+        endpoint_url=endpoint,
+        client_kwargs=client_kwargs,
+        config_kwargs=config_kwargs,
+        skip_instance_cache=True,
+        use_listings_cache=False,
+        cache_regions=False,
+    )
+
+
+async def _first_failure(tasks: list[asyncio.Future[Any]]) -> None:
+    """Wait for all; on the first exception cancel the rest (and wait for them), then raise."""
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    failed = next((t for t in done if not t.cancelled() and t.exception()), None)
+    if failed is not None:
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        raise failed.exception()  # type: ignore[misc]
+
+
+class _Counted:
+    """Progress for one file that can take back what it reported if the file fails."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress, self.bytes = progress, 0
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+        self.progress.add(n)
+
+    def temp(self, path: str) -> None:
+        self.progress.temp(path)
+
+    def undo(self) -> None:
+        if self.bytes:
+            self.progress.add(-self.bytes)
+            self.bytes = 0

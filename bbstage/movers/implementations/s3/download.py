@@ -1,0 +1,303 @@
+"""S3 to POSIX: list or HEAD the source, then streamed or ranged GETs into a temporary file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+import re
+from typing import Any
+
+from bbstage.movers import checksum, localfs
+from bbstage.movers.base import FileTask, Progress, TransferError, os_error
+from bbstage.movers.implementations.s3.common import (
+    _PART_RETRIES,
+    _Counted,
+    _first_failure,
+    _S3Mover,
+    checksum_key,
+)
+from bbstage.movers.implementations.s3.errors import _NOT_FOUND, split_url
+from bbstage.movers.implementations.s3.settings import MiB
+
+_READ = 1 * MiB  # bytes asked of the socket per read when streaming a download
+
+
+def _safe_rel(rel: str, url: str) -> str:
+    """A key's path below the prefix, refused if it would escape the destination."""
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise TransferError(
+            f"refusing to stage {url}: its key is not a safe relative path ({rel!r})"
+        )
+    return rel
+
+
+class S3Download(_S3Mover):
+    """``s3://bucket/key`` (or ``prefix/``, or a glob) to a local path."""
+
+    def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
+        self.url = src
+        return self._run(lambda: self._plan(src, dst, tree=tree, glob=glob))
+
+    async def _plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
+        await self._s3()
+        bucket, key = split_url(src)
+        if glob:
+            return await self._plan_glob(bucket, key, dst)
+        if tree or not key:
+            prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+            objects = await self._list(bucket, prefix)
+            if not objects:
+                raise TransferError(
+                    f"no such object: nothing under {src} (is the prefix right?)", permanent=True
+                )
+            return self._tasks(bucket, prefix, objects, dst.rstrip("/") or "/")
+        try:
+            head = await self._head(bucket, key)
+        except TransferError as exc:
+            if getattr(exc, "code", "") in _NOT_FOUND:
+                if await self._list(bucket, key.rstrip("/") + "/", limit=1):
+                    raise TransferError(
+                        f"no such object: {src} is a prefix (end the source and destination"
+                        " with / to stage a tree)"
+                    ) from None
+                await self._check_bucket(bucket)
+            raise
+        return [self._file(src, dst, head["ContentLength"], head["LastModified"])]
+
+    async def _check_bucket(self, bucket: str) -> None:
+        """Turn a 404 on an object into "no such bucket" when that is the cause."""
+        s3 = await self._s3()
+        await self._retry(f"s3://{bucket}/", lambda: s3.head_bucket(Bucket=bucket))
+
+    async def _plan_glob(self, bucket: str, pattern: str, dst: str) -> list[FileTask]:
+        from fsspec.utils import glob_translate
+
+        literal = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+        base = literal.rsplit("/", 1)[0] + "/" if "/" in literal else ""
+        regex = re.compile(glob_translate(pattern))
+        depth = pattern.count("/")
+        deep = "**" in pattern
+        objects = await self._list(bucket, literal)
+        tasks: list[FileTask] = []
+        dirs: set[str] = set()
+        for obj in objects:
+            key = obj["Key"]
+            if regex.match(key):
+                rel = key[len(base) :] if deep else posixpath.basename(key)
+            else:  # inside a matched "directory": stage its subtree, as for local globs
+                head = "/".join(key.split("/")[: depth + 1])
+                if deep or key == head or not regex.match(head):
+                    continue
+                rel = posixpath.basename(head) + key[len(head) :]
+            if key.endswith("/"):
+                continue
+            rel = _safe_rel(rel, f"s3://{bucket}/{key}")
+            target = posixpath.join(dst, rel)
+            dirs.update(_parents(rel, dst))
+            tasks.append(
+                self._file(f"s3://{bucket}/{key}", target, obj["Size"], obj["LastModified"])
+            )
+        if not tasks:
+            raise TransferError(f"no such object: nothing matches s3://{bucket}/{pattern}")
+        return [self._dir(d) for d in sorted(dirs)] + tasks
+
+    def _tasks(
+        self, bucket: str, prefix: str, objects: list[dict[str, Any]], dst: str
+    ) -> list[FileTask]:
+        files, dirs = [], {dst}
+        for obj in objects:
+            key = obj["Key"]
+            url = f"s3://{bucket}/{key}"
+            rel = key[len(prefix) :]
+            if key.endswith("/"):  # a "directory marker" object
+                if rel.strip("/"):
+                    dirs.add(posixpath.join(dst, _safe_rel(rel.rstrip("/"), url)))
+                continue
+            rel = _safe_rel(rel, url)
+            dirs.update(_parents(rel, dst))
+            files.append(
+                self._file(url, posixpath.join(dst, rel), obj["Size"], obj["LastModified"])
+            )
+        return [self._dir(d) for d in sorted(dirs)] + files
+
+    def _file(self, src: str, dst: str, size: int, modified: Any) -> FileTask:
+        mtime_ns = int(modified.timestamp() * 1e9) if modified is not None else None
+        return FileTask(src, dst, "file", int(size), self.settings.file_mode, mtime_ns)
+
+    def _dir(self, path: str) -> FileTask:
+        mode = self.settings.file_mode
+        return FileTask("", path, "dir", mode=mode | ((mode & 0o444) >> 2))
+
+    async def _list(self, bucket: str, prefix: str, limit: int = 0) -> list[dict[str, Any]]:
+        s3 = await self._s3()
+        out: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+            if token:
+                kw["ContinuationToken"] = token
+            if limit:
+                kw["MaxKeys"] = limit
+            page = await self._retry(
+                f"s3://{bucket}/{prefix}", lambda kw=kw: s3.list_objects_v2(**kw)
+            )
+            out += page.get("Contents", [])
+            token = page.get("NextContinuationToken")
+            if not token or (limit and len(out) >= limit):
+                return out
+
+    def current(self, task: FileTask) -> bool | None:
+        return localfs.current(task)
+
+    def _make_dir(self, task: FileTask) -> None:
+        localfs.make_dir(task)
+
+    async def _copy_one(self, task: FileTask, progress: Progress) -> None:
+        s3 = await self._s3()
+        counted = _Counted(progress)
+        seen: dict[str, Any] = {}  # what the GETs said about the object (see _note)
+        try:
+            with localfs.atomic_file(task, self.options.job_id, counted) as fd:
+                parts = self.settings.download_concurrency
+                if task.size >= self.settings.multipart_threshold and parts > 1:
+                    await self._get_ranged(s3, task, fd, counted, seen)
+                else:
+                    await self._get_range(s3, task, fd, 0, task.size, counted, seen, whole=True)
+                if self.checksum:
+                    await self._verify(task, fd, seen)
+        except BaseException:
+            counted.undo()
+            raise
+
+    def _note(self, task: FileTask, resp: dict[str, Any], seen: dict[str, Any]) -> None:
+        """Check one GET's answer against the others of this file: the same object (ETag),
+        and, with ``checksum=``, one that carries a bbstage checksum to verify against."""
+        etag = resp.get("ETag")
+        if "etag" in seen and etag != seen["etag"]:
+            raise TransferError(
+                f"{task.src} changed while staging (its ETag changed between requests)",
+                permanent=False,
+            )
+        if "etag" in seen:
+            return
+        seen["etag"] = etag
+        seen["meta"] = {k.lower(): v for k, v in (resp.get("Metadata") or {}).items()}
+        if self.checksum and checksum_key(self.checksum) not in seen["meta"]:
+            raise TransferError(
+                f"checksum={self.checksum}: {task.src} has no bbstage {self.checksum} checksum"
+                f" (object metadata x-amz-meta-{checksum_key(self.checksum)}), so its bytes"
+                f" cannot be verified: upload it with bbstage and checksum={self.checksum}, or"
+                " drop checksum= from the directive"
+            )
+
+    async def _verify(self, task: FileTask, fd: int, seen: dict[str, Any]) -> None:
+        """Hash the bytes written (read back from the file: ranged parts arrive out of order)
+        and compare with the checksum the upload stored; a mismatch is retried."""
+        assert self.checksum is not None
+        want = seen["meta"][checksum_key(self.checksum)]
+        got = await asyncio.to_thread(checksum.digest_fd, self.checksum, fd)
+        if got != want:
+            raise TransferError(
+                f"checksum mismatch ({self.checksum}): {task.src}: the bytes received hash to"
+                f" {got}, its x-amz-meta-{checksum_key(self.checksum)} says {want} (the object"
+                " is corrupt or was replaced without bbstage: upload it again)",
+                permanent=False,
+            )
+
+    async def _get_ranged(
+        self, s3: Any, task: FileTask, fd: int, progress: _Counted, seen: dict[str, Any]
+    ) -> None:
+        step = self.settings.part_size
+        os.ftruncate(fd, task.size)
+        slots = asyncio.Semaphore(self.settings.download_concurrency)
+
+        async def part(offset: int) -> None:
+            async with slots:
+                n = min(step, task.size - offset)
+                await self._get_range(s3, task, fd, offset, n, progress, seen)
+
+        await _first_failure(
+            [asyncio.ensure_future(part(off)) for off in range(0, task.size, step)]
+        )
+
+    async def _get_range(
+        self,
+        s3: Any,
+        task: FileTask,
+        fd: int,
+        offset: int,
+        count: int,
+        progress: _Counted,
+        seen: dict[str, Any],
+        *,
+        whole: bool = False,
+    ) -> None:
+        """Write ``count`` bytes of the object at ``offset`` (``whole``: the object is exactly
+        ``count`` bytes, fetch it without a Range); resume after dropped connections."""
+        url = task.src
+        bucket, key = split_url(url)
+        end, pos, failures, delay = offset + count, offset, 0, 0.1
+        while True:
+            kw: dict[str, Any] = {"Bucket": bucket, "Key": key}
+            if pos > 0 or not whole:
+                if pos >= end:
+                    return
+                kw["Range"] = f"bytes={pos}-{end - 1}"
+            try:
+                resp = await s3.get_object(**kw)
+                body = resp["Body"]
+                try:
+                    self._note(task, resp, seen)
+                    if whole and pos == 0 and resp["ContentLength"] != count:
+                        raise TransferError(
+                            f"{url} changed while staging: it has {resp['ContentLength']} bytes,"
+                            f" {count} when planned (requeue the job to stage the new one)"
+                        )
+                    while True:
+                        chunk = await body.read(_READ)
+                        if not chunk:
+                            break
+                        _pwrite(fd, chunk, pos)
+                        pos += len(chunk)
+                        progress.add(len(chunk))
+                finally:
+                    body.close()
+                if pos < end:
+                    raise TransferError(f"{url}: short read at byte {pos}", permanent=False)
+                return
+            except _LocalError as exc:
+                raise os_error(exc.error, task.dst) from None
+            except Exception as exc:
+                err = self._error(exc, url)
+            failures += 1
+            if err.permanent or failures >= _PART_RETRIES:
+                raise err
+            whole = False
+            await asyncio.sleep(delay)
+            delay *= 4
+
+
+class _LocalError(Exception):
+    """An OSError writing the local file (not the network's)."""
+
+    def __init__(self, error: OSError) -> None:
+        self.error = error
+
+
+def _pwrite(fd: int, data: bytes, offset: int) -> None:
+    try:
+        os.pwrite(fd, data, offset)
+    except OSError as exc:
+        raise _LocalError(exc) from None
+
+
+def _parents(rel: str, dst: str) -> set[str]:
+    """The destination directories a relative path needs (below ``dst``)."""
+    out = set()
+    head = posixpath.dirname(rel)
+    while head:
+        out.add(posixpath.join(dst, head))
+        head = posixpath.dirname(head)
+    return out
