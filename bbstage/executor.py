@@ -7,9 +7,9 @@ can replace it.
 
 A worker process drops to one user's uid, gid and groups for good, then runs that user's
 transfers one at a time. After a transfer it waits, idle, for the next one of the same
-identity (a fresh process costs ~12 ms, more than a small transfer): a job array's tasks
-reuse it. It is retired after ``IDLE_RETIRE`` seconds idle (and exits by itself if the
-daemon goes away). A failed or cancelled transfer ends its worker.
+identity (a fresh process costs more than a small transfer: docs/performance.md): a job
+array's tasks reuse it. It is retired after ``IDLE_RETIRE`` seconds idle (and exits by itself
+if the daemon goes away). A failed or cancelled transfer ends its worker.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class TransferExecutor:
                 "__main__",
                 "bbstage.worker",
                 "bbstage.movers.implementations.posix",
-                "bbstage.movers.implementations.s3",  # s3fs/aiobotocore: ~0.5 s to import
+                "bbstage.movers.implementations.s3",  # once, not per worker (docs/performance.md)
             ]
         )
         forkserver.ensure_running()  # now, not in the middle of the first job's setup

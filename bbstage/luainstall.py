@@ -60,7 +60,8 @@ def install(config: Config, dest: Path, source: str) -> list[Path]:
 
 def _precompile(path: Path) -> list[Path]:
     """Write ``<module>.luac`` (Slurm compiles the hooks' modules on every call; bytecode
-    loads ~3x faster). Without ``luac5.1`` a stale .luac is removed and the source is used."""
+    loads faster: docs/performance.md). Without ``luac5.1`` a stale .luac is removed and the
+    source is used."""
     out = path.with_suffix(".luac")
     tmp = out.with_name(f".{out.name}.tmp")
     luac = shutil.which("luac5.1")
