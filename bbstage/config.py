@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_PATH = Path("/etc/bbstage/bbstage.toml")
+from bbstage.units import parse_size
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+DEFAULT_PATH = Path("/etc/bbstage/bbstage.toml")
 
 
 class ConfigError(ValueError):
     """The configuration file is invalid; the message names the key."""
-
-
-def parse_size(text: str | int) -> int:
-    """``"10G"`` → bytes (binary units, optional ``B``/``iB`` suffix)."""
-    if isinstance(text, bool):
-        raise ValueError(f"not a size: {text!r} (use e.g. 512M, 10G)")
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGTP]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (use e.g. 512M, 10G)")
-    return int(m.group(1)) * _UNITS[m.group(2).upper()]
 
 
 def _whole(value: Any) -> int:
@@ -141,8 +128,11 @@ def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
             raise ConfigError(f"{source}: [[pools]] #{i + 1}: {exc}") from None
     kwargs["pools"] = tuple(pools)
     kwargs["s3"] = dict(data.get("s3", {}))
+    # Imported here, not at the top: the S3 package costs ~60 ms to import, which `bbstage
+    # validate` (it reads no config) should not pay. The edge points one way (no S3 module
+    # imports config), so it hides no circle (tests/unit/test_layout.py checks).
     from bbstage.movers.base import TransferError
-    from bbstage.movers.implementations.s3 import S3Settings
+    from bbstage.movers.implementations.s3.settings import S3Settings
 
     try:
         S3Settings.from_config(kwargs["s3"])  # a typo in [s3] is an error now, not at staging

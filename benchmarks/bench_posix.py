@@ -29,7 +29,8 @@ from pathlib import Path
 from common import environment, fail, first_line, load_result, parser, save_result
 
 from bbstage import bench
-from bbstage.config import Config, parse_size
+from bbstage.config import Config
+from bbstage.units import parse_size
 
 NAME = "posix"
 GOALS = {

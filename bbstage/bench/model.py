@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from bbstage.config import Config, parse_size
+from bbstage.config import Config
+from bbstage.units import parse_size
 
 MB = 1_000_000  # throughput is reported in MB/s = 10^6 bytes per second
 

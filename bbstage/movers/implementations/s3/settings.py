@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bbstage.movers.base import TransferError
+from bbstage.units import parse_size
 
 MiB = 1 << 20
 
@@ -42,8 +43,6 @@ class S3Settings:
     def from_config(cls, raw: dict[str, Any]) -> S3Settings:
         """Check and convert ``[s3]``: TOML types are required where a quoted value would be
         read wrongly (``payload_signing = "false"`` is an error, not true)."""
-        from bbstage.config import parse_size
-
         sizes = {"part_size", "multipart_threshold"}
         ints = {"max_concurrency", "download_concurrency", "files_in_flight"}
         ints |= {"max_pool_connections", "retries"}
