@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import os
 import socket
 import struct
@@ -49,8 +50,6 @@ class Server:
             self._router.setsockopt(zmq.LINGER, 0)
             self._router.bind(f"ipc://{control}")
         if self.config.control_group:
-            import grp  # noqa: PLC0415
-
             os.chown(control, 0, grp.getgrnam(self.config.control_group).gr_gid)
             os.chmod(control, 0o660)
         users = self.config.user_socket
