@@ -1,0 +1,122 @@
+"""The package's shape (issue [O]): its imports form no circle, and its modules stay small.
+
+A circle hidden behind a function-level import works until someone moves the import to the
+top, and then fails at import time far from the change; so imports inside functions count
+here as much as those at the top of a module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "bbstage"
+MAX_LINES = 450
+# Modules allowed over MAX_LINES, each with the reason. Shrink this list, do not grow it.
+LONG_MODULES = {
+    "bbstage.directives": "the grammar, check for check in step with lua/bbstage/directives.lua",
+    "bbstage.engine": "the per-job state machine, a method per hook; its split is [O] item 1/4",
+}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package is its ``__init__``)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _ancestors(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that ``name`` imports, anywhere in its body (top level, inside
+    functions, under ``if``). Importing ``a.b.c`` runs ``a`` and ``a.b`` first, so they count
+    too, except the importer's own parent packages (already running when it is imported)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the importer's package
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets.add(module)
+            # `from pkg import sub` imports the module pkg.sub when there is one
+            targets.update(f"{module}.{alias.name}" for alias in node.names)
+    found = set()
+    for target in targets:
+        for candidate in [*_ancestors(target), target]:
+            if candidate in known and candidate != name and candidate not in _ancestors(name):
+                found.add(candidate)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports (``[a, b, ..., a]``), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_finder_sees_a_circle_and_resolves_imports(tmp_path: Path) -> None:
+    """The checker itself: a circle through a function-level, relative import is found."""
+    pkg = tmp_path / "bbstage" / "sub"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from bbstage.sub import b\n")
+    (pkg / "b.py").write_text("def f():\n    from . import a\n")
+    known = {"bbstage.sub", "bbstage.sub.a", "bbstage.sub.b"}
+    edges = {
+        "bbstage.sub.a": imports("bbstage.sub.a", pkg / "a.py", known),
+        "bbstage.sub.b": imports("bbstage.sub.b", pkg / "b.py", known),
+    }
+    assert edges == {"bbstage.sub.a": {"bbstage.sub.b"}, "bbstage.sub.b": {"bbstage.sub.a"}}
+    assert find_cycle(edges) == ["bbstage.sub.a", "bbstage.sub.b", "bbstage.sub.a"]
+    assert find_cycle({"x": {"y"}, "y": set()}) is None
+
+
+def test_the_package_imports_form_no_circle() -> None:
+    edges = graph()
+    assert "bbstage.config" in edges and "bbstage.units" in edges["bbstage.config"]
+    cycle = find_cycle(edges)
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_no_module_is_over_the_size_guide() -> None:
+    sizes = {name: len(path.read_bytes().splitlines()) for name, path in modules().items()}
+    long = {name: n for name, n in sizes.items() if n > MAX_LINES and name not in LONG_MODULES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
+    stale = {name for name in LONG_MODULES if sizes.get(name, 0) <= MAX_LINES}
+    assert not stale, f"no longer over {MAX_LINES} lines: drop from LONG_MODULES: {stale}"
