@@ -48,6 +48,46 @@ class Pool:
 
 
 @dataclass(frozen=True)
+class Movers:
+    """Where transfers run: ``local`` worker processes, or tasks on a Dask cluster of
+    transfer nodes (``dask``: TLS with client certificates only, docs/scale-out.md)."""
+
+    engine: str = "local"
+    scheduler: str = ""  # tls://host:port
+    tls_ca_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    resources: str = "dtn"  # each task asks its workers for one unit of this resource
+
+
+def _movers(data: dict[str, Any], source: str) -> Movers:
+    """The [movers] section; ``dask`` needs a ``tls://`` scheduler and all three TLS files."""
+    keys = {"engine": _text, "scheduler": _text, "tls_ca_file": Path, "tls_cert": Path,
+            "tls_key": Path, "resources": _text}  # fmt: skip
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in keys:
+            raise ConfigError(f"{source}: [movers] unknown key {key!r}")
+        try:
+            kwargs[key] = keys[key](_text(value))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: [movers] {key}: {exc}") from None
+    movers = Movers(**kwargs)
+    if movers.engine not in ("local", "dask"):
+        raise ConfigError(f"{source}: [movers] engine: {movers.engine!r} is not local or dask")
+    if movers.engine == "dask":
+        if not movers.scheduler.startswith("tls://"):
+            raise ConfigError(
+                f'{source}: [movers] scheduler: engine = "dask" needs a tls:// address'
+                f" (mutual TLS is required), not {movers.scheduler!r}"
+            )
+        for key in ("tls_ca_file", "tls_cert", "tls_key"):
+            if getattr(movers, key) is None:
+                raise ConfigError(f'{source}: [movers] {key}: required with engine = "dask"')
+    return movers
+
+
+@dataclass(frozen=True)
 class Config:
     socket: Path = Path("/run/bbstage/control.sock")
     user_socket: Path = Path("/run/bbstage/user.sock")
@@ -64,6 +104,7 @@ class Config:
     metrics_address: str = "127.0.0.1:9754"
     pools: tuple[Pool, ...] = field(default_factory=tuple)
     s3: dict[str, Any] = field(default_factory=dict)
+    movers: Movers = field(default_factory=Movers)
 
     def pool(self, name: str | None) -> Pool | None:
         """The named pool, or the first one when ``name`` is empty."""
@@ -102,7 +143,7 @@ def load(path: Path | str = DEFAULT_PATH) -> Config:
 
 
 def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
-    unknown = set(data) - {"daemon", "pools", "s3"}
+    unknown = set(data) - {"daemon", "pools", "s3", "movers"}
     if unknown:
         raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}")
     kwargs: dict[str, Any] = {}
@@ -128,6 +169,7 @@ def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
             raise ConfigError(f"{source}: [[pools]] #{i + 1}: {exc}") from None
     kwargs["pools"] = tuple(pools)
     kwargs["s3"] = dict(data.get("s3", {}))
+    kwargs["movers"] = _movers(data.get("movers", {}), source)
     # Imported here, not at the top: the S3 package costs ~60 ms to import, which `bbstage
     # validate` (it reads no config) should not pay. The edge points one way (no S3 module
     # imports config), so it hides no circle (tests/unit/test_layout.py checks).
