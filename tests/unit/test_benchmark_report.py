@@ -1,0 +1,55 @@
+"""benchmarks/report.py: docs/performance.md is what the committed results render to."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import common  # noqa: E402  (benchmarks/ is not a package: its modules import each other by name)
+from reporting import document, plots, results  # noqa: E402
+
+DOCS = common.REPO / "docs"
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_document_is_what_the_results_render_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regenerating from benchmarks/results/ gives docs/performance.md and its figures byte
+    for byte: nobody edited a generated section, and the report's code still writes it."""
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(plots, "IMG", tmp_path / "img")
+    assert document.build(plots=True) == document.DOC.read_text()
+    for png in sorted((tmp_path / "img").iterdir()):
+        assert digest(png) == digest(DOCS / "img" / png.name), png.name
+
+
+def test_a_broken_or_unknown_result_gets_a_generic_table_and_notes_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s3 = json.loads((common.RESULTS / "s3.json").read_text())
+    del s3["results"]["big_upload"]["MBps"]
+    (tmp_path / "s3.json").write_text(json.dumps(s3))
+    (tmp_path / "extra.json").write_text(json.dumps({"title": "Extra", "n": {"x": 1.5}}))
+    doc = tmp_path / "performance.md"
+    doc.write_text("# Performance\n\n## Extra\n\nold\n\n## Notes by hand\n\nkept\n")
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    monkeypatch.setattr(document, "DOC", doc)
+
+    text = document.build(plots=False)
+
+    assert "KeyError('MBps'); generic table instead" in capsys.readouterr().err
+    assert "From `benchmarks/results/s3.json` (no dedicated renderer" in text
+    assert "## Extra\n\nFrom `benchmarks/results/extra.json`" in text
+    assert "| n.x | 1.5 |" in text and "old" not in text  # rendered anew, not kept
+    assert text.endswith("## Notes by hand\n\nkept\n")
