@@ -344,7 +344,7 @@ class Campaign:
         for fn in reversed(self.cleanups):
             try:
                 fn()
-            except Exception as exc:  # noqa: BLE001 - clean up the rest anyway
+            except Exception as exc:  # any failure: log it and clean up the rest anyway
                 self.log(f"clean-up step failed: {exc}")
         self.cleanups.clear()
 
