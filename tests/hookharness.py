@@ -7,13 +7,14 @@ import pwd
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from .helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 USER = "bbuser1"
@@ -53,6 +54,13 @@ class Daemon:
         self.proc.wait(20)
 
 
+def script(path: Path, *lines: str) -> str:
+    """A job script at ``path`` with ``#BB_LUA`` lines, readable by the daemon; its path."""
+    path.write_text("#!/bin/bash\n" + "".join(f"#BB_LUA {line}\n" for line in lines) + "true\n")
+    path.chmod(0o644)
+    return str(path)
+
+
 def user_ids(name: str = USER) -> tuple[int, int]:
     try:
         pw = pwd.getpwnam(name)
@@ -85,16 +93,22 @@ granularity = "1M"
          "--dest", str(etc)],
         check=True, env=env, capture_output=True,
     )  # fmt: skip
-    log = open(root / "daemon.log", "ab")  # noqa: SIM115 - lives as long as the daemon
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bbstage.cli", "--config", str(config), "daemon"],
-        stdout=log, stderr=log, env=env, cwd=REPO,
-    )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while not (root / "run" / "user.sock").exists():
-        assert proc.poll() is None, (root / "daemon.log").read_text()
-        assert time.monotonic() < deadline, "daemon did not start"
-        time.sleep(0.05)
+    log = root / "daemon.log"
+    offset = log.stat().st_size if log.exists() else 0  # a restart appends to the same log
+    with open(log, "ab") as out:  # the daemon holds its own copy of the descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bbstage.cli", "--config", str(config), "daemon"],
+            stdout=out, stderr=out, env=env, cwd=REPO,
+        )  # fmt: skip
+
+    def started() -> bool:
+        # Not the socket file: a killed daemon leaves its own behind.
+        assert proc.poll() is None, log.read_text()
+        with open(log, "rb") as f:
+            f.seek(offset)
+            return b'"daemon started"' in f.read()
+
+    wait_until(started, 20, f"the daemon to log that it started, in {log}")
     return Daemon(root, config, etc, proc)
 
 

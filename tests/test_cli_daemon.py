@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from .hookharness import Daemon, area, start_daemon, user_ids, user_tree
-from .test_hooks_daemon import script
+from .helpers import free_port
+from .hookharness import Daemon, area, script, start_daemon, user_ids, user_tree
 
 __all__ = ["area"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ returns at once, test_data_in answers BUSY until done), idempotency, cancel, ide
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -14,26 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from .hookharness import REPO, Daemon, area, daemon, start_daemon, user_ids, user_tree
+from .helpers import file_digest, make_tree, wait_until
+from .hookharness import REPO, Daemon, area, daemon, script, start_daemon, user_ids, user_tree
 
 __all__ = ["area", "daemon"]  # fixtures
-
-
-def script(path: Path, *lines: str) -> str:
-    path.write_text("#!/bin/bash\n" + "".join(f"#BB_LUA {line}\n" for line in lines) + "true\n")
-    path.chmod(0o644)
-    return str(path)
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def wait_for(pred, timeout: float = 60) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def owned_dir(path: Path, uid: int, gid: int) -> Path:
@@ -43,11 +26,8 @@ def owned_dir(path: Path, uid: int, gid: int) -> Path:
 
 
 def tree(root: Path, files: int, size: int) -> Path:
-    root.mkdir(parents=True)
-    block = os.urandom(size)
-    for i in range(files):
-        (root / f"f{i:05}").write_bytes(block[i % 7 :] + block[: i % 7])
-    return root
+    """Files whose neighbours differ, made from one random block (quicker than all random)."""
+    return make_tree(root, files, size, fill="rotated")
 
 
 def test_slurm_22_05_flow(daemon: Daemon, area: Path) -> None:
@@ -69,8 +49,8 @@ def test_slurm_22_05_flow(daemon: Daemon, area: Path) -> None:
     assert daemon.hook("slurm_bb_pre_run", "101", job)[0] == 0
     assert daemon.hook("slurm_bb_post_run", "101", job)[0] == 0
     assert daemon.hook("slurm_bb_data_out", "101", job) == (0, "")
-    assert {p.name: sha(p) for p in (out / "back").iterdir()} == {
-        p.name: sha(p) for p in data.iterdir()
+    assert {p.name: file_digest(p) for p in (out / "back").iterdir()} == {
+        p.name: file_digest(p) for p in data.iterdir()
     }
     assert (out / "back" / "f00001").stat().st_uid == uid
     assert daemon.hook("slurm_bb_job_teardown", "101", job, "false")[0] == 0
@@ -89,13 +69,14 @@ def test_slurm_24_05_submit_and_poll(daemon: Daemon, area: Path) -> None:
     assert daemon.hook("slurm_bb_data_in", "102", job, u, g, None) == (0, "")
     assert time.monotonic() - started < 2  # returned without waiting for the data
     answers = []
-    while True:
+
+    def answered() -> bool:
         rc, message = daemon.hook("slurm_bb_test_data_in", "102", job, u, g, None)
         assert rc == 0
         answers.append(message)
-        if message != "BUSY":
-            break
-        time.sleep(0.05)
+        return message != "BUSY"
+
+    wait_until(answered, 120, "test_data_in to stop answering BUSY", every=0.05)
     assert answers[-1] == ""
     assert len(list((area / "daemon" / "scratch" / "102" / "in").iterdir())) == 400
 
@@ -125,7 +106,7 @@ def test_a_finished_stage_in_is_answered_from_its_mark(area: Path) -> None:
     job = script(area / "job.sh", f"stage_in source={data}/ destination=$BB_SCRATCH/in/")
     marks = area / "daemon" / "run" / "staged"
     assert d.hook("slurm_bb_setup", "110", u, g, "(null)", "0", job) == (0, "")
-    wait_for((marks / "110").exists)
+    wait_until((marks / "110").exists, 60, "the mark of a finished stage-in")
     assert marks.stat().st_uid == 0 and marks.stat().st_mode & 0o777 == 0o755
     d.stop()
     assert d.hook("slurm_bb_data_in", "110", job) == (0, "")  # no daemon to ask
@@ -157,7 +138,7 @@ def test_teardown_hurry_aborts_within_two_seconds(daemon: Daemon, area: Path) ->
     u, g = str(uid), str(gid)
     assert daemon.hook("slurm_bb_setup", "104", u, g, "(null)", "0", job)[0] == 0
     assert daemon.hook("slurm_bb_data_in", "104", job, u, g, None)[0] == 0
-    wait_for(lambda: dst.exists() and len(list(dst.iterdir())) >= 10)
+    wait_until(lambda: dst.exists() and len(list(dst.iterdir())) >= 10, 60, "10 files staged")
     started = time.monotonic()
     assert daemon.hook("slurm_bb_job_teardown", "104", job, "true")[0] == 0
     assert time.monotonic() - started < 2
@@ -230,16 +211,15 @@ def test_kill_9_mid_stage_in_then_restart_completes(area: Path) -> None:
          job],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    wait_for(lambda: dst.exists() and len(list(dst.iterdir())) >= 50)
-    d.kill()
-    time.sleep(0.3)
+    wait_until(lambda: dst.exists() and len(list(dst.iterdir())) >= 50, 60, "50 files staged")
+    d.kill()  # returns once the process has ended; start_daemon waits for the new one
     d2 = start_daemon(area / "d")
     try:
         out, _ = hook.communicate(timeout=120)
         assert out.startswith("rc=0"), out
         assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in data.iterdir())
         for p in data.iterdir():
-            assert sha(dst / p.name) == sha(p)
+            assert file_digest(dst / p.name) == file_digest(p)
     finally:
         d2.stop()
 
@@ -287,6 +267,8 @@ def test_hook_rides_out_a_daemon_restart(area: Path) -> None:
          str(uid), str(gid), "(null)", "0", job],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
+    # The outage is the point, not a wait: the hook finds no daemon for its first second and
+    # must ride it out (it tries again for 3 s).
     time.sleep(1)
     d2 = start_daemon(area / "d")
     try:
@@ -309,13 +291,17 @@ def test_symlink_swapped_in_during_the_copy_is_not_written_through(
     u, g = str(uid), str(gid)
     assert daemon.hook("slurm_bb_setup", "112", u, g, "(null)", "0", job)[0] == 0
     assert daemon.hook("slurm_bb_data_in", "112", job, u, g, None)[0] == 0
-    wait_for(lambda: dst.exists() and len(os.listdir(dst)) >= 5)
+    wait_until(lambda: dst.exists() and len(os.listdir(dst)) >= 5, 60, "5 files staged")
     last = dst / "f02999"  # not copied yet: the attacker plants a link under its name
     os.symlink(victim, last)
     os.chown(last, uid, gid, follow_symlinks=False)
-    wait_for(lambda: daemon.hook("slurm_bb_test_data_in", "112", job, u, g, None)[1] != "BUSY")
+    wait_until(
+        lambda: daemon.hook("slurm_bb_test_data_in", "112", job, u, g, None)[1] != "BUSY",
+        60,
+        "test_data_in to stop answering BUSY",
+    )
     assert victim.read_text() == "precious\n"
-    assert not last.is_symlink() and sha(last) == sha(data / "f02999")
+    assert not last.is_symlink() and file_digest(last) == file_digest(data / "f02999")
 
 
 def test_pool_accounting_returns_after_a_failed_job(daemon: Daemon, area: Path) -> None:
@@ -369,14 +355,18 @@ def test_a_restarted_daemon_resumes_a_stage_in_nobody_asks_for_again(area: Path)
     dst = owned_dir(area / "mine", uid, gid) / "dst"
     job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
     assert d.hook("slurm_bb_setup", "116", u, g, "(null)", "0", job)[0] == 0
-    wait_for(lambda: dst.exists() and len(list(dst.iterdir())) >= 30)
+    wait_until(lambda: dst.exists() and len(list(dst.iterdir())) >= 30, 60, "30 files staged")
     d.kill()
     assert len(list(dst.iterdir())) < 1500, "the kill came too late"
     d2 = start_daemon(area / "d")
     try:
-        wait_for(lambda: d2.hook("slurm_bb_test_data_in", "116", job, u, g, None) == (0, ""), 120)
+        wait_until(
+            lambda: d2.hook("slurm_bb_test_data_in", "116", job, u, g, None) == (0, ""),
+            120,
+            "test_data_in to answer done after the restart",
+        )
         assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in data.iterdir())
         for p in data.iterdir():
-            assert sha(dst / p.name) == sha(p)
+            assert file_digest(dst / p.name) == file_digest(p)
     finally:
         d2.stop()

@@ -9,10 +9,10 @@ Encoding of bytes: docs/protocol.md "Bytes".
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -30,6 +30,7 @@ from bbstage import directives, protocol, render, server
 from bbstage.protocol import Reply, from_bytes, to_bytes
 from bbstage.state import Store
 
+from .helpers import file_digest, wait_until
 from .hookharness import REPO, Daemon, area, daemon, user_ids, user_tree
 
 __all__ = ["area", "daemon"]  # fixtures
@@ -170,11 +171,6 @@ def hook(d: Daemon, name: str, *args: str | None) -> tuple[int, bytes]:
     return int(first.removeprefix(b"rc=")), rest.rstrip(b"\n")
 
 
-def sha(path: Path | bytes) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 NAMES = [b"in.dat", b"r\xe9sultat.dat", b"mon r\xe9sultat.dat", b"\x80\xff\xc3\xa9\xed\xa0\x80.dat"]
 MiB = 1 << 20
 
@@ -254,9 +250,11 @@ def test_every_script_gets_an_answer(daemon: Daemon, area: Path) -> None:
         staged = [n for n in NAMES if n in text]
         assert staged, case
         name = max(staged, key=len)  # "mon r\xe9sultat.dat" holds "r\xe9sultat.dat"
-        assert sha(scratch + b"/%d/" % job_id + name) == sha(bytes(src) + b"/" + name), case
+        assert file_digest(scratch + b"/%d/" % job_id + name) == file_digest(
+            bytes(src) + b"/" + name
+        ), case
         assert hook(daemon, "slurm_bb_data_out", str(job_id), str(path)) == (0, b""), case
-        assert sha(bytes(out) + b"/" + name) == sha(bytes(src) + b"/" + name), case
+        assert file_digest(bytes(out) + b"/" + name) == file_digest(bytes(src) + b"/" + name), case
         os.unlink(bytes(out) + b"/" + name)
         status = daemon.cli("status", str(job_id))  # human output: the bytes shown as \xNN
         assert status.returncode == 0, (case, status.stderr)
@@ -271,6 +269,11 @@ def _connect(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(path))
     return sock
+
+
+def _answered(sock: socket.socket) -> bool:
+    """Whether the daemon has written to (or closed) this connection: it is readable."""
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def _reply(sock: socket.socket, timeout: float) -> dict[str, Any] | None:
@@ -294,8 +297,9 @@ def test_idle_connections_are_capped_per_user(daemon: Daemon, area: Path) -> Non
     opened = time.monotonic()
     idle = [_connect(path) for _ in range(200)]  # root's, never sending a request
     try:
-        time.sleep(0.5)
         cap = server.USER_CONNECTIONS_PER_UID
+        # Accepted in order: once the last is answered, the daemon holds all of them.
+        wait_until(lambda: _answered(idle[-1]), 5, "the answer to the last connection")
         started = time.monotonic()
         over = [_reply(sock, 5) for sock in idle[cap:]]  # answered at once, not held
         assert time.monotonic() - started < 3

@@ -6,49 +6,20 @@ temporary file is left, after SIGTERM of the daemon, SIGKILL of a worker or of t
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from .hookharness import REPO, Daemon, area, start_daemon, user_ids, user_tree
+from .helpers import make_tree, tree_digests, wait_until
+from .hookharness import REPO, Daemon, area, script, start_daemon, user_ids, user_tree
 
 __all__ = ["area"]  # fixture
 
 
-def script(path: Path, *lines: str) -> str:
-    path.write_text("#!/bin/bash\n" + "".join(f"#BB_LUA {line}\n" for line in lines) + "true\n")
-    path.chmod(0o644)
-    return str(path)
-
-
-def tree(root: Path, files: int, size: int) -> Path:
-    root.mkdir(parents=True)
-    for i in range(files):
-        (root / f"f{i:05}").write_bytes(os.urandom(size))
-    return root
-
-
-def digests(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
 def temps(root: Path) -> list[str]:
     return [p.name for p in root.rglob("*.part")]
-
-
-def wait_for(pred, timeout: float = 60) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def blocking_data_in(d: Daemon, job_id: str, job: str) -> subprocess.Popen[str]:
@@ -83,7 +54,7 @@ def set_up_stage_in(
     """A tree of the test user's, a destination of theirs, and a job staging one into the
     other, set up (setup hook, as 22.05 calls it): (source, destination, script)."""
     uid, gid = user_ids()
-    data = user_tree(tree(area / "data", files, size), uid, gid)
+    data = user_tree(make_tree(area / "data", files, size), uid, gid)
     (area / "mine").mkdir()
     dst = user_tree(area / "mine", uid, gid) / "dst"
     job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
@@ -97,7 +68,7 @@ def test_sigterm_mid_stage_in_resumes_and_every_file_lands(area: Path) -> None:
     ran on 169-183 of the 300 files. Now data_in answers only when every file is in place."""
     d = start_daemon(area / "d")
     uid, gid = user_ids()
-    data = user_tree(tree(area / "data", 300, 400 << 10), uid, gid)
+    data = user_tree(make_tree(area / "data", 300, 400 << 10), uid, gid)
     (area / "mine").mkdir()
     mine = user_tree(area / "mine", uid, gid)
     jobs = {}
@@ -107,16 +78,20 @@ def test_sigterm_mid_stage_in_resumes_and_every_file_lands(area: Path) -> None:
         job = script(area / f"job{n}.sh", f"stage_in source={data}/ destination={dst}/")
         assert d.hook("slurm_bb_setup", job_id, str(uid), str(gid), "(null)", "0", job)[0] == 0
         jobs[job_id] = (dst, blocking_data_in(d, job_id, job))
-    wait_for(lambda: all(len(list(dst.glob("f*"))) >= 20 for dst, _ in jobs.values()))
+    wait_until(
+        lambda: all(len(list(dst.glob("f*"))) >= 20 for dst, _ in jobs.values()),
+        60,
+        "20 files staged for each job",
+    )
     d.stop()  # SIGTERM
     assert any(len(list(dst.glob("f*"))) < 300 for dst, _ in jobs.values()), "too late"
     d2 = start_daemon(area / "d")
     try:
-        expected = digests(data)
+        expected = tree_digests(data)
         for dst, hook in jobs.values():
             out, _ = hook.communicate(timeout=180)
             assert out.startswith("rc=0"), out
-            assert digests(dst) == expected
+            assert tree_digests(dst) == expected
             assert temps(dst) == []
     finally:
         d2.stop()
@@ -128,12 +103,16 @@ def test_a_killed_worker_is_run_again_and_the_job_completes(area: Path) -> None:
     data, dst, job = set_up_stage_in(d, area, "310", 40, 4 << 20)  # named .part temp files
     try:
         hook = blocking_data_in(d, "310", job)
-        wait_for(lambda: dst.exists() and len(list(dst.iterdir())) >= 3 and workers(d, uid))
+        wait_until(
+            lambda: dst.exists() and len(list(dst.iterdir())) >= 3 and workers(d, uid),
+            60,
+            "3 files staged and a worker running",
+        )
         for pid in workers(d, uid):
             os.kill(pid, signal.SIGKILL)
         out, _ = hook.communicate(timeout=180)
         assert out.startswith("rc=0"), out
-        assert digests(dst) == digests(data)
+        assert tree_digests(dst) == tree_digests(data)
         assert temps(dst) == []
     finally:
         d.stop()
@@ -146,7 +125,7 @@ def test_sigkill_of_the_daemon_leaves_no_temp_file_after_the_restart(area: Path)
     uid, gid = user_ids()
     data, dst, job = set_up_stage_in(d, area, "320", 24, 8 << 20)
     hook = blocking_data_in(d, "320", job)
-    wait_for(lambda: dst.exists() and temps(dst))
+    wait_until(lambda: dst.exists() and temps(dst), 60, "a temporary file in the destination")
     for pid in workers(d, uid):
         os.kill(pid, signal.SIGKILL)  # with the daemon, as a power cut or an OOM kill would
     d.kill()
@@ -155,7 +134,7 @@ def test_sigkill_of_the_daemon_leaves_no_temp_file_after_the_restart(area: Path)
     try:
         out, _ = hook.communicate(timeout=180)
         assert out.startswith("rc=0"), out
-        assert digests(dst) == digests(data)
+        assert tree_digests(dst) == tree_digests(data)
         assert temps(dst) == []
     finally:
         d2.stop()
@@ -190,9 +169,9 @@ def test_workers_do_not_outlive_a_killed_daemon(area: Path) -> None:
     d = start_daemon(area / "d")
     uid, _ = user_ids()
     set_up_stage_in(d, area, "340", 24, 8 << 20)
-    wait_for(lambda: bool(workers(d, uid)))
+    wait_until(lambda: workers(d, uid), 60, "a worker process")
     d.kill()
-    wait_for(lambda: not workers(d, uid), timeout=5)
+    wait_until(lambda: not workers(d, uid), 5, "the workers to end with the daemon")
 
 
 def test_paths_with_one_pool_needs_no_script(area: Path) -> None:

@@ -7,7 +7,6 @@ ZMTP peer on a raw Unix socket) bound in ``tmp_path``.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import socket
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 import zmq
+
+from .helpers import digest
 
 REPO = Path(__file__).resolve().parent.parent
 LUA_DIR = REPO / "lua"
@@ -156,7 +157,7 @@ def test_long_frames_both_directions(sock_path: Path, tmp_path: Path) -> None:
         r.close()
     assert res.returncode == 0, res.stdout[:500]
     assert res.frames == [b"ok", message]
-    assert hashlib.sha256(r.received[0][2]).digest() == hashlib.sha256(big).digest()
+    assert digest(r.received[0][2]) == digest(big)
 
 
 def test_empty_frame(sock_path: Path) -> None:
@@ -195,7 +196,7 @@ def test_daemon_restart_while_waiting_is_retried(sock_path: Path) -> None:
     def handler(router: Router, msg: list[bytes]) -> None:
         if len(router.received) == 1:  # first request: "crash" and come back later
             router.sock.close(0)
-            time.sleep(0.5)
+            time.sleep(0.5)  # the outage the client must ride out (checked below), not a wait
             router.sock = router.bind()
         else:
             echo(router, msg)
@@ -335,7 +336,8 @@ def test_fragmented_handshake_and_long_reply(sock_path: Path) -> None:
         send_trickle(conn, NULL_GREETING)
         flags, body = recv_frame(conn)
         seen["ready"] = (flags, body)
-        # The client must not send message frames before it has our READY.
+        # The client must not send message frames before it has our READY: nothing may arrive
+        # in a window of 0.2 s (a wait for a condition cannot show that nothing comes).
         time.sleep(0.2)
         conn.setblocking(False)
         try:
@@ -369,6 +371,14 @@ def test_fragmented_handshake_and_long_reply(sock_path: Path) -> None:
     assert seen["msg"] == [b"", b"hello"]
 
 
+def until_closed(conn: socket.socket) -> None:
+    """Read until the client hangs up: it must find its error in what it was sent, not in a
+    connection the peer closed first."""
+    conn.settimeout(10)  # beyond the client's own 5 s
+    while conn.recv(65536):
+        pass
+
+
 def _handshake(conn: socket.socket) -> None:
     recv_exact(conn, 64)
     conn.sendall(NULL_GREETING)
@@ -400,7 +410,7 @@ def _handshake(conn: socket.socket) -> None:
     ids=["not-zmtp", "error-command", "no-delimiter"],
 )
 def test_protocol_violations(sock_path: Path, script: Callable, expect: str) -> None:
-    peer = FakePeer(sock_path, lambda conn: (script(conn), time.sleep(0.2)))
+    peer = FakePeer(sock_path, lambda conn: (script(conn), until_closed(conn)))
     try:
         res = lua_request(sock_path, ["hello"], timeout=5)
     finally:
