@@ -20,6 +20,7 @@ from bbstage.movers import Cancelled, TransferError
 from bbstage.protocol import Request
 from bbstage.state import Store
 from bbstage.transfer import Done, Event, Planned, TransferSpec
+from tests.helpers import wait_until_async
 
 UID, GID = 65534, 65534  # nobody: Identity.of accepts any known non-root user
 
@@ -31,6 +32,7 @@ class FakeExecutor:
         self.outcomes: list[tuple[Planned, Done | BaseException | None]] = []
         self.pending: list[Future[Done]] = []
         self.specs: list[TransferSpec] = []
+        self.submitted: dict[str, Future[Done]] = {}  # the latest attempt, by "job:directive"
 
     def submit(
         self, key: str, spec: TransferSpec, identity: Any, on_event: Callable[[Event], None]
@@ -39,6 +41,7 @@ class FakeExecutor:
         plan, outcome = self.outcomes.pop(0)
         on_event(plan)
         future: Future[Done] = Future()
+        self.submitted[key] = future
         if isinstance(outcome, Done):
             future.set_result(outcome)
         elif isinstance(outcome, BaseException):
@@ -69,10 +72,21 @@ def script(*lines: str) -> str:
     return "#!/bin/bash\n" + "".join(f"#BB_LUA {line}\n" for line in lines)
 
 
+def recorded(engine: Engine) -> bool:
+    """Whether the engine has recorded every transfer that has finished: its done callbacks
+    run on later turns of the event loop than the one the executor's future ends in."""
+    executor: FakeExecutor = engine.executor  # type: ignore[assignment]
+    for key, future in executor.submitted.items():
+        job_id, idx = key.split(":")
+        if future.done() and (job_id, int(idx)) in engine._active:
+            return False
+    return True
+
+
 def ask(engine: Engine, op: str, **fields: Any) -> tuple[str, str]:
     async def call() -> tuple[str, str]:
         reply = await engine.handle(Request(op, fields))
-        await asyncio.sleep(0.01)  # let done callbacks run
+        await wait_until_async(lambda: recorded(engine), 5, "the engine to record the outcomes")
         return reply.status, reply.message
 
     return asyncio.run(call())
@@ -129,13 +143,14 @@ def test_a_transfer_stopped_by_shutdown_is_not_recorded_and_resumes(engine: Engi
     outcomes(engine).append((Planned(10, 1), None))
 
     async def scenario() -> tuple[str, str]:
+        fake: FakeExecutor = engine.executor  # type: ignore[assignment]
         hook = asyncio.create_task(engine.handle(Request("data_in", {"job_id": "4"})))
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: fake.pending, 5, "the transfer to start")
         hook.cancel()  # the server closes: the waiting hook goes away first
-        await asyncio.sleep(0.01)
+        await wait_until_async(hook.done, 5, "the hook's task to end")
         assert not engine.executor.pending[0].done()  # type: ignore[attr-defined] # still runs
         await engine.stop()  # then the executor stops the transfer
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: recorded(engine), 5, "the engine to see the transfer end")
         reply = await engine.handle(Request("test_data_in", {"job_id": "4"}))
         return reply.status, reply.message
 

@@ -20,6 +20,7 @@ from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
 from bbstage.transfer import TransferSpec
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="workers drop from root to a user")
 
@@ -88,9 +89,7 @@ def test_idle_workers_are_retired(
     monkeypatch.setattr(executor_module, "IDLE_RETIRE", 0.2)
     stage(executor, "1:0", source(area), area / "out")
     proc = executor._idle[0].proc
-    deadline = time.monotonic() + 10
-    while executor.idle and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: executor.idle == 0, 10, "the idle worker to retire", every=0.1)
     assert executor.idle == 0
     proc.join(5)
     assert not proc.is_alive()
@@ -105,9 +104,7 @@ def test_cancel_stops_the_transfer_and_its_worker(area: Path, executor: Transfer
     future = executor.submit(
         "1:0", TransferSpec.between(str(big), str(area / "out")), NOBODY, events.append
     )
-    deadline = time.monotonic() + 30
-    while not events and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: events, 30, "the worker's first event")
     started = time.monotonic()
     executor.cancel("1:0")
     with pytest.raises(Cancelled):
@@ -142,10 +139,11 @@ def test_workers_copy_at_normal_priority_under_a_raised_daemon() -> None:
     finally:
         os.setpriority(os.PRIO_PROCESS, 0, before)
     try:
-        deadline = time.monotonic() + 10
-        while _nice(proc.pid) != 0:  # type: ignore[arg-type]
-            assert time.monotonic() < deadline, _nice(proc.pid)  # type: ignore[arg-type]
-            time.sleep(0.01)
+        wait_until(
+            lambda: _nice(proc.pid) == 0,  # type: ignore[arg-type]
+            10,
+            lambda: f"the worker's nice value 0, not {_nice(proc.pid)}",  # type: ignore[arg-type]
+        )
     finally:
         parent.send(None)
         proc.join(10)
@@ -179,10 +177,9 @@ def test_a_killed_workers_temporary_file_is_removed(area: Path, executor: Transf
     future = executor.submit(
         "1:0", TransferSpec.between(str(big), str(area / "out")), NOBODY, lambda event: None
     )
-    deadline = time.monotonic() + 30
-    while not [p for p in area.iterdir() if p.name.endswith(".part")]:
-        assert time.monotonic() < deadline, "no temporary file appeared"
-        time.sleep(0.01)
+    wait_until(
+        lambda: [p for p in area.iterdir() if p.name.endswith(".part")], 30, "a temporary file"
+    )
     os.kill(executor._running["1:0"].proc.pid, signal.SIGKILL)
     with pytest.raises(TransferError, match="worker exited"):
         future.result(timeout=10)

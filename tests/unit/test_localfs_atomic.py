@@ -11,17 +11,7 @@ import pytest
 from bbstage.movers import MoverOptions, TransferError, localfs
 from bbstage.movers.base import FileTask
 from bbstage.movers.implementations.posix import PosixMover
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.temps: list[str] = []
-
-    def add(self, n: int) -> None:
-        pass
-
-    def temp(self, path: str) -> None:
-        self.temps.append(path)
+from tests.helpers import Sink
 
 
 def task_for(tmp_path: Path, data: bytes, dst: Path) -> FileTask:

@@ -10,18 +10,7 @@ import pytest
 
 from bbstage.movers import Cancelled, MoverOptions, TransferError
 from bbstage.movers.implementations.posix import PosixMover
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.bytes = 0
-        self.temps: list[str] = []
-
-    def add(self, n: int) -> None:
-        self.bytes += n
-
-    def temp(self, path: str) -> None:
-        self.temps.append(path)
+from tests.helpers import Sink
 
 
 def copy_all(mover: PosixMover, src: str, dst: str, **kw: bool) -> Sink:

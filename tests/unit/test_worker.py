@@ -11,24 +11,11 @@ import pytest
 from bbstage import worker
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
 from bbstage.transfer import Planned, ScratchLimit, TransferSpec
+from tests.helpers import Conn, run_worker
 
 
-class Conn:
-    def __init__(self) -> None:
-        self.events: list[tuple[Any, ...]] = []
-
-    def send(self, event: tuple[Any, ...]) -> None:
-        self.events.append(event)
-
-
-def spec(src: Path | str, dst: Path | str, **kw: Any) -> dict[str, Any]:
+def spec(src: Path | str, dst: Path | str, **kw: Any) -> TransferSpec:
     return TransferSpec.between(str(src), str(dst), job_id="7", **kw)
-
-
-def run(s: dict[str, Any]) -> Conn:
-    conn = Conn()
-    worker.run(s, worker._Reporter(conn), threading.Event())  # type: ignore[arg-type]
-    return conn
 
 
 def test_many_small_files_and_plan_event(tmp_path: Path) -> None:
@@ -36,15 +23,15 @@ def test_many_small_files_and_plan_event(tmp_path: Path) -> None:
     src.mkdir()
     for i in range(200):
         (src / f"f{i}").write_bytes(b"x" * i)
-    conn = run(spec(f"{src}/", f"{tmp_path}/dst/"))
+    conn = run_worker(spec(f"{src}/", f"{tmp_path}/dst/"))
     assert Planned(sum(range(200)), 200) in conn.events
     assert len(list((tmp_path / "dst").iterdir())) == 200
 
 
 def test_second_run_skips_what_is_staged(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("hello")
-    run(spec(tmp_path / "f", tmp_path / "g"))
-    conn = run(spec(tmp_path / "f", tmp_path / "g"))
+    run_worker(spec(tmp_path / "f", tmp_path / "g"))
+    conn = run_worker(spec(tmp_path / "f", tmp_path / "g"))
     assert Planned(0, 0) in conn.events
 
 
@@ -53,10 +40,10 @@ def test_overwrite_never_keeps_an_existing_file(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("new")
     (tmp_path / "g").write_text("old!")
     (tmp_path / "h").unlink(missing_ok=True)
-    conn = run(spec(tmp_path / "f", tmp_path / "g", overwrite="never"))
+    conn = run_worker(spec(tmp_path / "f", tmp_path / "g", overwrite="never"))
     assert Planned(0, 0) in conn.events
     assert (tmp_path / "g").read_text() == "old!"
-    run(spec(tmp_path / "f", tmp_path / "h", overwrite="never"))
+    run_worker(spec(tmp_path / "f", tmp_path / "h", overwrite="never"))
     assert (tmp_path / "h").read_text() == "new"
 
 
@@ -93,9 +80,11 @@ def test_scratch_capacity_is_enforced(tmp_path: Path) -> None:
     (scratch / "already").write_bytes(b"y" * 1000)
     limit = ScratchLimit(str(scratch), 5500)
     with pytest.raises(TransferError, match="needs 5000 bytes, 1000 of capacity=5500"):
-        run(spec(tmp_path / "big", scratch / "big", scratch_limit=limit))
+        run_worker(spec(tmp_path / "big", scratch / "big", scratch_limit=limit))
     assert not (scratch / "big").exists()
-    run(spec(tmp_path / "big", scratch / "big", scratch_limit=ScratchLimit(str(scratch), 6000)))
+    run_worker(
+        spec(tmp_path / "big", scratch / "big", scratch_limit=ScratchLimit(str(scratch), 6000))
+    )
     assert (scratch / "big").stat().st_size == 5000
 
 
@@ -144,8 +133,8 @@ def test_a_resumed_transfer_removes_its_stale_temp_files(tmp_path: Path) -> None
     stale.write_text("partial")
     others = dst / ".g.bbstage-8-0123abcd.part"  # another job's: not ours to remove
     others.write_text("partial")
-    run(spec(tmp_path / "f", dst / "g"))
+    run_worker(spec(tmp_path / "f", dst / "g"))
     assert stale.exists()
-    run(spec(tmp_path / "f", dst / "g", resumed=True))
+    run_worker(spec(tmp_path / "f", dst / "g", resumed=True))
     assert not stale.exists() and others.exists()
     assert (dst / "g").read_text() == "x"
