@@ -57,7 +57,13 @@ async def _main(config: Config) -> int:
         print(f"bbstage daemon: {exc}", file=sys.stderr)
         return 1
     store = Store(config.state_dir / "state.db")
-    executor = TransferExecutor(config.transfers)
+    executor: TransferExecutor
+    if config.movers.engine == "dask":
+        from bbstage.dask_executor import DaskExecutor  # distributed: only when configured
+
+        executor = DaskExecutor(config.movers, config.transfers)  # type: ignore[assignment]
+    else:
+        executor = TransferExecutor(config.transfers)
     engine = Engine(config, store, executor)
     server = Server(engine)
     await server.start()

@@ -1,0 +1,296 @@
+"""One transfer on a data-transfer node: the Dask task, and the child process it runs.
+
+``run_attempt`` runs in a thread of a Dask worker, which is root on the node. It never
+changes its own identity: it starts ``python -m bbstage.remote`` as a child process that
+the kernel starts as the job's user (``Popen(user=, group=, extra_groups=)``, in a new
+session), hands it the ``TransferSpec`` on stdin and reads its events back as JSON lines
+on stdout. JSON, not pickle: the child runs as the user, who can ptrace it and write
+anything to that pipe, and unpickling that in root would give them the node.
+
+Events reach the daemon through the worker's ``log_event`` on the attempt's topic
+(``Planned`` at once, ``Moved`` at most every ``FORWARD_EVERY`` s); the outcome is the task's
+result, with the ``Planned`` it answers. A set cancel ``distributed.Event``, or the task's
+release by the scheduler (the daemon cancelled it or went away), kills the child's
+process group (SIGTERM, SIGKILL after ``KILL_AFTER`` s) and removes its temporary files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import pwd
+import signal
+import subprocess
+import sys
+import threading
+import time
+import typing
+from typing import Any
+
+from bbstage.identity import Identity, IdentityError
+from bbstage.transfer import Done, Event, Failed, Moved, Planned, TempFile, TransferSpec
+
+FORWARD_EVERY = 0.5  # seconds between Moved events sent to the daemon
+POLL_EVERY = 0.2  # seconds between checks for a cancel
+KILL_AFTER = 1.0  # seconds between SIGTERM and SIGKILL of the child's process group
+EXIT_WAIT = 5.0  # seconds a child that closed its output gets to exit
+
+
+def to_json(event: Event) -> dict[str, Any]:
+    """An event as a msgpack/JSON-able dict (``log_event`` and the child's pipe)."""
+    return {"type": type(event).__name__, **vars(event)}
+
+
+def _fields(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+# Every event type of bbstage.transfer, with its fields' types (follows that module).
+_TYPES: dict[str, tuple[type, dict[str, Any]]] = {
+    t.__name__: (t, _fields(t)) for t in typing.get_args(Event)
+}
+
+
+def _value(value: Any, hint: Any) -> Any:
+    """``value`` as a ``hint`` (int, bool, str or tuple[str, ...]); ValueError if it is not."""
+    if hint in (int, bool, str) and type(value) is hint:
+        return value
+    if typing.get_origin(hint) is tuple and isinstance(value, list | tuple):
+        item = typing.get_args(hint)[0]
+        if all(type(v) is item for v in value):
+            return tuple(value)
+    raise ValueError(f"{value!r} is not a {hint}")
+
+
+def from_json(data: Any) -> Event | None:
+    """The event a dict describes, or None if it is not exactly one (it came from a
+    process the user controls: only the known fields of the known types, typed)."""
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+        return None
+    cls, fields = _TYPES.get(data["type"], (None, {}))
+    if cls is None or set(data) != {"type", *fields}:
+        return None
+    try:
+        return cls(**{k: _value(data[k], t) for k, t in fields.items()})
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------------------------
+# The Dask task (root, on the node)
+# --------------------------------------------------------------------------------------
+
+
+def run_attempt(
+    attempt: str, spec: TransferSpec, uid: int, gid: int, cancel_name: str
+) -> dict[str, Any]:
+    """Run one attempt of a transfer as ``uid``/``gid`` in a child process; the outcome
+    (``Done`` or ``Failed``), the ``Planned`` it answers, and the node that ran it."""
+    from distributed import Event as DaskEvent
+    from distributed import get_worker
+
+    worker = get_worker()
+    node = worker.name if isinstance(worker.name, str) else str(worker.address)
+    key = worker.get_current_task()
+    result: dict[str, Any] = {"node": node, "planned": None, "outcome": None}
+    try:
+        identity = Identity.of(uid, gid)  # this node's user database: refused if unknown
+    except IdentityError as exc:
+        result["outcome"] = Failed(f"node {node} refuses the transfer: {exc}")
+        return result
+    cancel = DaskEvent(cancel_name)
+
+    def cancelled() -> bool:
+        state = worker.state.tasks.get(key)
+        released = state is None or state.state in ("cancelled", "released", "forgotten")
+        return released or cancel.is_set()
+
+    def send(event: Event) -> None:
+        worker.log_event(attempt, {"node": node, **to_json(event)})
+
+    outcome, planned = run_child(spec, identity, send, cancelled)
+    result["planned"], result["outcome"] = planned, outcome
+    return result
+
+
+def run_child(
+    spec: TransferSpec,
+    identity: Identity,
+    send: Any,
+    cancelled: Any,
+) -> tuple[Done | Failed, Planned | None]:
+    """Start the child as ``identity``, feed it ``spec``, forward its events to ``send``
+    (``Moved`` coalesced), and kill its process group when ``cancelled()`` says so."""
+    try:
+        home = pwd.getpwuid(identity.uid).pw_dir
+    except KeyError:
+        home = "/"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "bbstage.remote", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        user=identity.uid,
+        group=identity.gid,
+        extra_groups=list(identity.groups),
+        umask=0o077,
+        start_new_session=True,  # its own process group: a cancel kills every thread of it
+        env={"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"},
+        cwd="/",
+        close_fds=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(pickle.dumps(spec))
+    child.stdin.close()
+    stopped = threading.Event()
+    finished = threading.Event()
+
+    def watch() -> None:
+        while not finished.wait(POLL_EVERY):
+            try:
+                stop = cancelled()
+            except Exception:  # the scheduler is unreachable: keep copying, ask again
+                stop = False
+            if stop:
+                stopped.set()
+                kill_group(child)
+                return
+
+    watcher = threading.Thread(target=watch, name="bbstage-cancel-watch", daemon=True)
+    watcher.start()
+    temps: set[str] = set()
+    planned: Planned | None = None
+    outcome: Done | Failed | None = None
+    last: Moved | None = None
+    sent = 0.0
+    try:
+        for line in child.stdout:
+            try:
+                event = from_json(json.loads(line))
+            except ValueError:
+                event = None
+            if event is None:
+                continue
+            if isinstance(event, TempFile):
+                temps.add(event.path)
+            elif type(event).__name__ == "TempsSettled":  # renamed or removed: not ours now
+                temps.difference_update(getattr(event, "paths", ()))
+            elif isinstance(event, Done | Failed):
+                outcome = event
+            elif isinstance(event, Planned):
+                planned = event
+                send(event)
+            elif isinstance(event, Moved):
+                last = event
+                if time.monotonic() - sent >= FORWARD_EVERY:
+                    send(event)
+                    sent, last = time.monotonic(), None
+    finally:
+        finished.set()
+        watcher.join()
+        try:
+            child.wait(0.01 if stopped.is_set() else EXIT_WAIT)
+        except subprocess.TimeoutExpired:
+            pass
+        kill_group(child)
+        child.stdout.close()
+    if last is not None:
+        send(last)
+    if stopped.is_set():
+        outcome = Failed("cancelled", permanent=True)
+    elif outcome is None:
+        outcome = Failed(f"transfer process exited with code {child.returncode}", permanent=False)
+    if not isinstance(outcome, Done):
+        cleanup(sorted(temps), identity)
+    return outcome, planned
+
+
+def kill_group(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the child's process group (the mover removes its partial files), SIGKILL
+    whatever is left after ``KILL_AFTER`` s."""
+    if child.poll() is not None:
+        return
+    _killpg(child.pid, signal.SIGTERM)
+    try:
+        child.wait(KILL_AFTER)
+    except subprocess.TimeoutExpired:
+        pass
+    _killpg(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def cleanup(paths: list[str], identity: Identity) -> None:
+    """Remove the temporary files of a killed or failed child, as the user (root must not
+    unlink in directories the user controls)."""
+    if not paths:
+        return
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bbstage.remote", "--cleanup"],
+        stdin=subprocess.PIPE,
+        user=identity.uid,
+        group=identity.gid,
+        extra_groups=list(identity.groups),
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        cwd="/",
+    )
+    proc.communicate(json.dumps(paths).encode(), timeout=30)
+
+
+# --------------------------------------------------------------------------------------
+# The child (the job's user)
+# --------------------------------------------------------------------------------------
+
+
+class _Lines:
+    """The ``send`` end ``worker._Reporter`` writes to: one JSON line per event."""
+
+    def __init__(self) -> None:
+        self._out = sys.stdout.buffer
+
+    def send(self, event: Event) -> None:
+        self._out.write(json.dumps(to_json(event)).encode() + b"\n")
+        self._out.flush()
+
+
+def _child(parent: int) -> int:
+    from bbstage import worker
+
+    if os.getuid() == 0 or os.geteuid() == 0:
+        print("bbstage.remote: refusing to copy as root", file=sys.stderr)
+        return 2
+    spec = pickle.loads(sys.stdin.buffer.read())  # from root, our parent
+    cancel = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: cancel.set())
+
+    def watch() -> None:  # the Dask worker died: stop (the next attempt sweeps temp files)
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
+    worker._transfer(spec, worker._Reporter(_Lines()), cancel)  # type: ignore[arg-type]
+    return 0
+
+
+def _cleanup_main() -> int:
+    for path in json.loads(sys.stdin.read()):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--cleanup"]:
+        sys.exit(_cleanup_main())
+    sys.exit(_child(int(sys.argv[1])))

@@ -1,0 +1,223 @@
+"""The Dask executor on an in-process ``distributed.LocalCluster`` (no TLS, no namespaces:
+tests/integration/test_dask_cluster.py has those): the copy runs in a child process as the
+user, the plan precedes the outcome, an unknown uid is refused, a cancel kills the copy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from bbstage import config, remote  # noqa: E402
+from bbstage.dask_executor import DaskExecutor  # noqa: E402
+from bbstage.identity import Identity  # noqa: E402
+from bbstage.movers import Cancelled, TransferError  # noqa: E402
+from bbstage.transfer import Done, Failed, Moved, Planned, TempFile, TransferSpec  # noqa: E402
+from tests.helpers import file_digest, wait_until  # noqa: E402
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the child drops from root to a user")
+
+NOBODY = Identity(65534, 65534, (65534,))
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    with distributed.LocalCluster(
+        n_workers=1,
+        threads_per_worker=4,
+        processes=False,
+        resources={"dtn": 1},
+        dashboard_address=None,
+    ) as cluster, distributed.Client(cluster) as c:  # fmt: skip
+        yield c
+
+
+@pytest.fixture
+def executor(client: Any) -> Iterator[DaskExecutor]:
+    ex = DaskExecutor(config.Movers(engine="dask"), 4, client=client)
+    yield ex
+    for key in list(ex._attempts):
+        ex.cancel(key)
+
+
+@pytest.fixture
+def area() -> Iterator[Path]:
+    """A directory every user may write (tmp_path is root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="bbstage-dask-", dir="/var/tmp"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def sparse(area: Path, size: int = 8 << 30) -> Path:
+    big = area / "big"
+    with open(big, "wb") as f:
+        f.truncate(size)  # sparse: copying it still takes seconds
+    big.chmod(0o644)
+    return big
+
+
+def partial(area: Path) -> list[Path]:
+    return [p for p in area.iterdir() if p.name.endswith(".part")]
+
+
+def children(uid: int) -> list[int]:
+    """Processes of ``uid`` running ``bbstage.remote``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            if b"bbstage.remote" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_file_is_staged_as_the_user_in_a_child_process(
+    area: Path, executor: DaskExecutor
+) -> None:
+    src = area / "in"
+    src.write_bytes(os.urandom(3 << 20))
+    src.chmod(0o644)
+    events: list[Any] = []
+    future = executor.submit(
+        "1:0", TransferSpec.between(str(src), str(area / "out")), NOBODY, events.append
+    )
+    assert future.result(timeout=60) == Done(3 << 20, 1)
+    assert file_digest(area / "out") == file_digest(src)
+    assert (area / "out").stat().st_uid == NOBODY.uid
+    assert Planned(3 << 20, 1) in events
+
+
+def test_the_plan_reaches_on_event_before_the_outcome_and_nothing_after(
+    area: Path, executor: DaskExecutor
+) -> None:
+    """The engine checks the manifest against this attempt's plan: the plan must be in
+    before the future resolves, and no event of the attempt may come after it."""
+    tree = area / "tree"
+    tree.mkdir()
+    for i in range(50):
+        (tree / f"f{i}").write_bytes(b"x" * i)
+    os.system(f"chmod -R a+rX {tree}")
+    seen: list[tuple[Any, bool]] = []
+    future: Future[Done] = Future()
+
+    def on_event(event: Any) -> None:
+        seen.append((event, future.done()))
+
+    inner = executor.submit(
+        "2:0", TransferSpec.between(f"{tree}/", f"{area}/copy/"), NOBODY, on_event
+    )
+    inner.add_done_callback(lambda f: future.set_result(f.result()))
+    done = future.result(timeout=60)
+    time.sleep(1.0)  # room for a late event to arrive (it must not)
+    plans = [e for e, _ in seen if isinstance(e, Planned)]
+    assert plans and done.covers(plans[-1])
+    assert not [e for e, after in seen if after], "an event arrived after the outcome"
+
+
+def test_a_node_that_does_not_know_the_uid_refuses(area: Path, executor: DaskExecutor) -> None:
+    src = area / "in"
+    src.write_bytes(b"data")
+    src.chmod(0o644)
+    stranger = Identity(4242421, 4242421, (4242421,))
+    future = executor.submit(
+        "3:0", TransferSpec.between(str(src), str(area / "out")), stranger, lambda e: None
+    )
+    with pytest.raises(TransferError, match="refuses the transfer: uid 4242421 is not known"):
+        future.result(timeout=60)
+    assert not (area / "out").exists()
+
+
+def test_cancel_kills_the_remote_copy_and_its_temporary_file_within_2s(
+    area: Path, executor: DaskExecutor
+) -> None:
+    big = sparse(area)
+    events: list[Any] = []
+    future = executor.submit(
+        "4:0", TransferSpec.between(str(big), str(area / "out")), NOBODY, events.append
+    )
+    wait_until(lambda: partial(area), 60, "the copy's temporary file")
+    assert children(NOBODY.uid), "no child process copies as the user"
+    started = time.monotonic()
+    executor.cancel("4:0")
+    with pytest.raises(Cancelled):
+        future.result(timeout=10)
+    assert time.monotonic() - started < 2
+    assert not children(NOBODY.uid), "the copy still runs"
+    assert sorted(p.name for p in area.iterdir()) == ["big"]
+
+
+def test_a_task_released_by_the_scheduler_stops_its_copy(
+    area: Path, executor: DaskExecutor, client: Any
+) -> None:
+    """The daemon went away (its futures are released) or Dask cancelled the task: the
+    copy stops too, or it would race the next attempt at the same files."""
+    big = sparse(area)
+    events: list[Any] = []
+    future = executor.submit(
+        "5:0", TransferSpec.between(str(big), str(area / "out")), NOBODY, events.append
+    )
+    wait_until(lambda: partial(area), 60, "the copy's temporary file")
+    client.cancel(executor._attempts["5:0"].dask)
+    wait_until(lambda: not children(NOBODY.uid), 3, "the copy to end")
+    with pytest.raises((Cancelled, TransferError)):
+        future.result(timeout=10)
+    wait_until(lambda: sorted(p.name for p in area.iterdir()) == ["big"], 5, "temp file gone")
+
+
+def test_events_from_the_child_are_checked_json() -> None:
+    """The child runs as the user, who can write anything to its pipe: only exact, typed
+    events pass (and nothing is unpickled)."""
+    assert remote.from_json({"type": "Done", "bytes": 1, "files": 1}) == Done(1, 1)
+    assert remote.from_json(remote.to_json(Failed("x", False))) == Failed("x", False)
+    assert remote.from_json(remote.to_json(TempFile("/a"))) == TempFile("/a")
+    for bad in (
+        {"type": "Done", "bytes": "1", "files": 1},
+        {"type": "Done", "bytes": True, "files": 1},
+        {"type": "Done", "bytes": 1, "files": 1, "extra": 0},
+        {"type": "Exec", "cmd": "id"},
+        ["Done", 1, 1],
+    ):
+        assert remote.from_json(bad) is None
+
+
+def test_run_child_returns_the_outcome_and_forwards_plan_and_progress(area: Path) -> None:
+    """Run directly (no Dask): the outcome and plan come back; only Planned/Moved go out."""
+    src = area / "in"
+    src.write_bytes(b"abc")
+    src.chmod(0o644)
+    sent: list[Any] = []
+    outcome, planned = remote.run_child(
+        TransferSpec.between(str(src), str(area / "out")), NOBODY, sent.append, lambda: False
+    )
+    assert outcome == Done(3, 1) and planned == Planned(3, 1)
+    assert all(isinstance(e, Planned | Moved) for e in sent)
+
+
+def test_dask_needs_mutual_tls_in_the_config() -> None:
+    with pytest.raises(config.ConfigError, match=r"\[movers\] scheduler: .*tls://"):
+        config.from_dict({"movers": {"engine": "dask", "scheduler": "tcp://10.0.0.1:8786"}})
+    with pytest.raises(config.ConfigError, match=r"\[movers\] tls_cert: required"):
+        config.from_dict(
+            {"movers": {"engine": "dask", "scheduler": "tls://h:1", "tls_ca_file": "/ca"}}
+        )
+    with pytest.raises(config.ConfigError, match=r"\[movers\] engine: 'ray'"):
+        config.from_dict({"movers": {"engine": "ray"}})
+    assert config.from_dict({}).movers.engine == "local"
+
+
+def test_threads_are_not_left_behind(executor: DaskExecutor) -> None:
+    assert not [t for t in threading.enumerate() if t.name == "bbstage-cancel-watch"]
