@@ -1,0 +1,200 @@
+"""Staging through the Dask executor on the namespaced testbed (scripts/local-movers): a
+scheduler and two rate-capped workers, each in a network namespace of its own, mutual TLS.
+
+The module switches the shared 22.05 cluster's daemon to ``engine = "dask"`` (``up --movers
+2``) and back to the local engine when it ends. Run it under the cluster lock:
+``flock -w 1800 /tmp/bbstage-cluster.lock .venv/bin/pytest tests/integration/test_dask_cluster.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import make_tree, tree_digests, wait_until
+
+from .conftest import REPO, USER, Cluster, as_user
+
+pytestmark = pytest.mark.cluster
+distributed = pytest.importorskip("distributed")
+
+WORKERS = 2
+
+
+def _up(*extra: str) -> dict[str, str]:
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "local-cluster"), "up", "--slurm", "22.05", *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, f"local-cluster up {extra} failed (see its output)"
+    env = dict(os.environ)
+    for line in proc.stdout.splitlines():
+        m = re.match(r"export (\w+)=(.*)", line)
+        if m:
+            value = m.group(2).replace('"$PATH"', os.environ.get("PATH", ""))
+            env[m.group(1)] = shlex.split(value)[0] if value else ""
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """The 22.05 cluster with its daemon on the Dask engine; the local engine again after."""
+    try:
+        env = _up("--movers", str(WORKERS))
+        conf = Path(env["BBSTAGE_CONFIG"]).read_text()
+        assert 'engine = "dask"' in conf, conf
+        yield Cluster(env, Path(env["BBSTAGE_CLUSTER_DIR"]), "22.05")
+    finally:
+        _up()  # the cluster is shared: back to the local engine
+
+
+def daemon_log(cluster: Cluster) -> str:
+    return (cluster.dir / "log" / "bbstage.log").read_text(errors="replace")
+
+
+def copies(uid: int) -> list[int]:
+    """Processes of ``uid`` running a remote copy (``python -m bbstage.remote``)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if (
+                os.stat(f"/proc/{pid}").st_uid == uid
+                and b"bbstage.remote" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            ):
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def net_namespace(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def test_a_tree_is_staged_in_and_out_through_dask_as_the_user(
+    cluster: Cluster, workdir: Path
+) -> None:
+    src = make_tree(workdir / "src", 40, 256 << 10, sub="deeper")
+    as_user(workdir)
+    inside, back = workdir / "in", workdir / "back"
+    before = len(re.findall(r"transfer ended .*node=dtn", daemon_log(cluster)))
+    job = cluster.submit(
+        workdir,
+        "#!/bin/bash\n"
+        f"#BB_LUA stage_in source={src}/ destination={inside}/\n"
+        f"#BB_LUA stage_out source={inside}/ destination={back}/\n"
+        f"ls -R {inside} > listing.txt\n",
+    )
+    cluster.wait_gone(job, timeout=240)
+    assert cluster.job(job)["JobState"] == "COMPLETED", cluster.status(job)
+    want = tree_digests(src)
+    assert tree_digests(inside) == want
+    assert tree_digests(back) == want
+    uid = int(cluster.run("id", "-u", USER).strip())
+    for path in [*inside.rglob("*"), *back.rglob("*")]:
+        assert path.lstat().st_uid == uid, path
+    # Both directives ran as Dask tasks on the transfer nodes, not in local workers.
+    ended = re.findall(r"transfer ended .*node=dtn", daemon_log(cluster))
+    assert len(ended) >= before + 2
+
+
+def test_scancel_stops_the_remote_copy_within_2s(cluster: Cluster, workdir: Path) -> None:
+    big = workdir / "big"
+    with open(big, "wb") as f:
+        f.truncate(16 << 30)  # sparse: its copy takes many seconds
+    as_user(workdir)
+    uid = int(cluster.run("id", "-u", USER).strip())
+    job = cluster.submit(
+        workdir, f"#!/bin/bash\n#BB_LUA stage_in source={big} destination={workdir}/out\ntrue\n"
+    )
+    pids = wait_until(lambda: copies(uid), 60, "the remote copy to start")
+    # It runs in a worker's network namespace, not the daemon's.
+    assert net_namespace(pids[0]) != net_namespace(os.getpid())
+    wait_until(
+        lambda: [p for p in workdir.iterdir() if p.name.endswith(".part")], 30, "a temp file"
+    )
+    started = time.monotonic()
+    cluster.run("scancel", job)
+    wait_until(lambda: not copies(uid), 10, "the remote copy to stop")
+    stopped = time.monotonic() - started
+    print(f"remote copy stopped {stopped:.2f} s after scancel")
+    assert stopped < 2.0, f"the remote copy ran on for {stopped:.2f} s after scancel"
+    wait_until(
+        lambda: not [p for p in workdir.iterdir() if ".bbstage-" in p.name],
+        5,
+        lambda: f"no temp files, found {sorted(p.name for p in workdir.iterdir())}",
+    )
+
+
+def tls_first_bytes(host: str, port: int, ca: str, certs: Path | None = None) -> bytes:
+    """Connect with TLS (with the daemon's certificate from ``certs``, or none) and read
+    the scheduler's first bytes."""
+    context = ssl.create_default_context(cafile=ca)
+    context.check_hostname = False
+    if certs is not None:
+        context.load_cert_chain(certs / "client.pem", certs / "client.key")
+    with socket.create_connection((host, port), timeout=5) as raw:
+        with context.wrap_socket(raw) as conn:
+            conn.settimeout(5)
+            return conn.recv(16)
+
+
+def test_a_client_without_a_certificate_of_the_ca_is_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    tls = Path(cluster.env["BBSTAGE_MOVERS_TLS"])
+    scheduler = cluster.env["BBSTAGE_MOVERS_SCHEDULER"]
+    # A certificate and key of a CA the cluster does not know.
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=stranger", "-keyout", str(tmp_path / "k.pem"),
+         "-out", str(tmp_path / "c.pem")],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    probe = (
+        "import sys\n"
+        "from distributed import Client\n"
+        "from distributed.security import Security\n"
+        "address, ca, cert, key = sys.argv[1:]\n"
+        "kw = dict(tls_ca_file=ca, tls_client_cert=cert or None, tls_client_key=key or None)\n"
+        "sec = Security(**kw) if ca else None\n"
+        "try:\n"
+        "    with Client(address, security=sec, timeout=5) as c:\n"
+        "        print('workers', len(c.scheduler_info()['workers']))\n"
+        "except Exception as exc:\n"
+        "    print('refused', type(exc).__name__, exc); sys.exit(3)\n"
+    )
+    python = str(REPO / ".venv" / "bin" / "python")
+
+    def connect(address: str, ca: str, cert: str = "", key: str = "") -> str:
+        proc = subprocess.run(
+            [python, "-c", probe, address, ca, cert, key],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return f"{proc.returncode} {proc.stdout}"
+
+    ca = str(tls / "ca.pem")
+    good = connect(scheduler, ca, str(tls / "client.pem"), str(tls / "client.key"))
+    assert good.startswith(f"0 workers {WORKERS}"), good  # the control: the daemon's own
+    # No certificate: distributed will not even try, so speak TLS to it directly.
+    host, port = scheduler.removeprefix("tls://").rsplit(":", 1)
+    assert tls_first_bytes(host, int(port), ca, tls).startswith(b":")  # the control again
+    with pytest.raises(ssl.SSLError, match="CERTIFICATE_REQUIRED"):
+        tls_first_bytes(host, int(port), ca)
+    stranger = connect(scheduler, ca, str(tmp_path / "c.pem"), str(tmp_path / "k.pem"))
+    assert stranger.startswith("3 refused"), "a certificate of another CA"
+    plain = connect(scheduler.replace("tls://", "tcp://"), "")
+    assert plain.startswith("3 refused"), "no TLS at all"
