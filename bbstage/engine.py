@@ -50,6 +50,7 @@ class Engine:
         self._active: dict[tuple[str, int], asyncio.Future[Done]] = {}
         # Running transfers' latest plan/progress counts, saved by record_progress.
         self._counts: dict[tuple[str, int], dict[str, int]] = {}
+        self._final: set[tuple[str, int]] = set()  # their walk ended: the counts are the plan
         self._attempts: dict[tuple[str, int], int] = {}
         self._stopping = False
         self._ops: dict[str, Callable[[Request], Awaitable[Reply]]] = {
@@ -338,9 +339,11 @@ class Engine:
 
         def on_event(event: Event) -> None:  # in the executor's thread
             counts = self._counts.get(key, {})
-            if isinstance(event, Planned):
+            if isinstance(event, Planned):  # the counts so far while walking, then final
                 self._counts[key] = {**counts, "bytes_total": event.bytes,
                                      "files_total": event.files}  # fmt: skip
+                if event.final:
+                    self._final.add(key)
             elif isinstance(event, Moved):
                 self._counts[key] = {**counts, "bytes_done": event.bytes,
                                      "files_done": event.files}  # fmt: skip
@@ -358,12 +361,11 @@ class Engine:
         key = (job_id, d.idx)
         self._active.pop(key, None)
         counts = self._counts.pop(key, {})
-        # What the worker promised (its Planned event), if it got that far.
-        plan = (
-            Planned(counts["bytes_total"], counts["files_total"])
-            if "files_total" in counts
-            else None
-        )
+        final = key in self._final
+        self._final.discard(key)
+        # What the worker promised (its final Planned event: its walk ended), if it got
+        # that far; the counts of a walk still under way are no plan.
+        plan = Planned(counts["bytes_total"], counts["files_total"]) if final else None
         if future.cancelled() or (self._stopping and future.exception() is not None):
             log.info("transfer interrupted, resumes on start", job_id=job_id, directive=d.idx)
             return

@@ -28,7 +28,7 @@ from typing import Any
 from bbstage import worker
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
-from bbstage.transfer import Done, Event, Failed, TempFile, TransferSpec
+from bbstage.transfer import Done, Event, Failed, TempFile, TempsSettled, TransferSpec
 
 KILL_AFTER = 1.5  # seconds between SIGTERM and SIGKILL on cancel
 IDLE_RETIRE = 10.0  # seconds an idle worker is kept for its user's next transfer
@@ -158,7 +158,9 @@ class TransferExecutor:
         on_event: Callable[[Event], None],
         future: Future[Done],
     ) -> None:
-        temps: list[str] = []
+        # The worker's named temporary files not yet renamed or removed: bounded by the files
+        # in flight (the worker tells which it settled), not by the files of the transfer.
+        temps: set[str] = set()
         outcome: Done | Failed | None = None
         current = self._acquire(key, identity)
         if current is None:
@@ -169,7 +171,9 @@ class TransferExecutor:
             while outcome is None:
                 event = current.conn.recv()
                 if isinstance(event, TempFile):
-                    temps.append(event.path)
+                    temps.add(event.path)
+                elif isinstance(event, TempsSettled):
+                    temps.difference_update(event.paths)
                 elif isinstance(event, Done | Failed):
                     outcome = event
                 else:
@@ -271,7 +275,7 @@ class TransferExecutor:
             for each in stale:
                 each.retire()
 
-    def _cleanup(self, temps: list[str], identity: Identity) -> None:
+    def _cleanup(self, temps: set[str], identity: Identity) -> None:
         leftovers = [p for p in temps if os.path.lexists(p)]
         if leftovers:
             proc = self._ctx.Process(target=worker.cleanup, args=(leftovers, identity))

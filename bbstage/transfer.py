@@ -1,10 +1,14 @@
-"""What crosses from the engine to a worker and back: one typed spec, five typed events.
+"""What crosses from the engine to a worker and back: one typed spec, six typed events.
 
 The engine builds a ``TransferSpec`` from a directive (``Engine._spec``; tools and tests use
 ``TransferSpec.between``); the executor hands it to a worker process, which answers with
-events: ``Planned`` once, ``Moved`` now and then, ``TempFile`` for each named temporary file,
-and one outcome, ``Done`` (the manifest of what it put in place) or ``Failed``. All are frozen
-dataclasses of plain values, so they pickle over a pipe or a network unchanged.
+events: ``Planned`` (the plan so far, now and then while the source is walked — the walk runs
+a bounded window ahead of the copy, so a tree is never held whole — and once ``final`` when
+the walk has ended), ``Moved`` now and then, ``TempFile`` for each named temporary file
+before it is created and ``TempsSettled`` in batches once they were renamed or removed, and
+one outcome, ``Done`` (the manifest of what it put in place, always after the final
+``Planned``) or ``Failed``. All are frozen dataclasses of plain values, so they pickle over a
+pipe or a network unchanged.
 """
 
 from __future__ import annotations
@@ -66,10 +70,13 @@ class TransferSpec:
 
 @dataclass(frozen=True)
 class Planned:
-    """What the transfer will move: the files and bytes not already in place."""
+    """What the transfer will move: the files and bytes not already in place. While the
+    source is still walked the worker sends the counts so far (``final=False``, for
+    ``bbstage status``); the ``final`` one counts every file the walk handed to the copy."""
 
     bytes: int
     files: int
+    final: bool = True
 
 
 @dataclass(frozen=True)
@@ -82,15 +89,25 @@ class Moved:
 
 @dataclass(frozen=True)
 class TempFile:
-    """A named temporary file the worker created (removed by the executor if it dies)."""
+    """A named temporary file the worker is about to create (sent first, so a worker killed
+    right after still has it removed by the executor)."""
 
     path: str
 
 
 @dataclass(frozen=True)
+class TempsSettled:
+    """Temporary files renamed into place or removed: the executor stops keeping them, so
+    what it keeps is bounded by the files in flight, not by the files of the transfer."""
+
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Done:
     """The manifest: files and bytes the worker verified in place, counted file by file as
-    each was committed. The engine records success only if it matches ``Planned``."""
+    each was committed. The engine records success only if it matches the final
+    ``Planned``."""
 
     bytes: int
     files: int
@@ -107,4 +124,4 @@ class Failed:
     permanent: bool = True
 
 
-Event = Planned | Moved | TempFile | Done | Failed
+Event = Planned | Moved | TempFile | TempsSettled | Done | Failed

@@ -1,10 +1,12 @@
 """Transfers, run in a worker process that has dropped to the job owner's identity.
 
-The parent (``bbstage.executor``) sends a ``TransferSpec``; the worker plans the copy, copies
-many files (or the chunks of one big file) concurrently, and reports events over a pipe
-(``bbstage.transfer``): ``Planned``, ``Moved`` now and then, ``TempFile``, then one of
-``Done`` (the manifest: what it committed, counted file by file) or ``Failed``. Then it waits
-for the next spec of the same user (a new process costs more than a small transfer does).
+The parent (``bbstage.executor``) sends a ``TransferSpec``; the worker walks the source in
+one thread, a bounded window ahead of the threads that copy many files (or the chunks of one
+big file) concurrently, so memory does not grow with the number of files; it reports events
+over a pipe (``bbstage.transfer``): ``Planned`` as the walk goes and ``final`` when it ends,
+``Moved`` now and then, ``TempFile``/``TempsSettled``, then one of ``Done`` (the manifest:
+what it committed, counted file by file) or ``Failed``. Then it waits for the next spec of
+the same user (a new process costs more than a small transfer does).
 """
 
 from __future__ import annotations
@@ -15,20 +17,30 @@ import pwd
 import signal
 import threading
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bbstage import movers
+from bbstage import movers, planning
 from bbstage.identity import Identity
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, localfs
-from bbstage.transfer import Done, Failed, Moved, Planned, ScratchLimit, TempFile, TransferSpec
+from bbstage.transfer import (
+    Done,
+    Failed,
+    Moved,
+    TempFile,
+    TempsSettled,
+    TransferSpec,
+)
 
 RETRIES = 5
 BACKOFF_CAP = 8.0
 _REPORT_EVERY = 0.25
 IDLE_EXIT = 120.0  # a worker left idle this long exits (the executor retires it sooner)
-READ_AHEAD_FILES = 2048
+READ_AHEAD_FILES = 2048  # the walk (and its prefetch) runs at most this far ahead of the copy
 READ_AHEAD_BYTES = 128 << 20
+BATCH = 10_000  # entries per ``Mover.copy_many`` call
+SETTLE_BATCH = 1024  # settled temporary files sent at once (at least every _REPORT_EVERY)
 _WATCH_EVERY = 0.5  # seconds between checks that the daemon still runs
 
 
@@ -41,6 +53,8 @@ class _Reporter:
         self.bytes = 0  # reported by the movers as they copy
         self.committed = Done(0, 0)
         self._last = time.monotonic()  # the first report after _REPORT_EVERY
+        self._temps: dict[str, list[str]] = {}  # destination -> its temporary files in use
+        self._settled: list[str] = []  # renamed or removed, not yet told
 
     def send(self, event: Any) -> None:
         with self._lock:
@@ -52,22 +66,39 @@ class _Reporter:
             self._maybe_report()
 
     def file_done(self, task: FileTask, seconds: float | None = None) -> None:
-        """``task`` is in place, verified; ``seconds`` it took (``bbstage bench``)."""
+        """``task`` is in place, verified; ``seconds`` it took (``bbstage bench``). Its
+        temporary files (this attempt's and failed ones') are gone: renamed or removed."""
         with self._lock:
             self.committed = Done(self.committed.bytes + task.size, self.committed.files + 1)
+            settled = self._temps.pop(task.dst, None)
+            if settled:
+                self._settled += settled
+                if len(self._settled) >= SETTLE_BATCH:
+                    self._send_settled()
             self._maybe_report()
 
     def temp(self, path: str) -> None:
-        self.send(TempFile(path))
+        """Tell the executor of a temporary file before the mover creates it."""
+        with self._lock:
+            self._conn.send(TempFile(path))
+            self._temps.setdefault(localfs.temp_owner(path), []).append(path)
+
+    def _send_settled(self) -> None:
+        if self._settled:
+            self._conn.send(TempsSettled(tuple(self._settled)))
+            self._settled = []
 
     def _maybe_report(self) -> None:
         now = time.monotonic()
         if now - self._last >= _REPORT_EVERY:
             self._last = now
+            self._send_settled()
             self._conn.send(Moved(self.bytes, self.committed.files))
 
     def flush(self) -> None:
-        self.send(Moved(self.bytes, self.committed.files))
+        with self._lock:
+            self._send_settled()
+            self._conn.send(Moved(self.bytes, self.committed.files))
 
 
 def serve(conn: Connection, identity: Identity, daemon: int | None = None) -> None:
@@ -158,86 +189,99 @@ def run(spec: TransferSpec, reporter: _Reporter, cancel: threading.Event) -> Non
     )
     mover = movers.get(spec.source_kind, spec.destination_kind)(options)
     try:
-        tasks = _with_retries(
-            lambda: mover.plan(spec.source, spec.destination, tree=spec.tree, glob=spec.glob),
-            cancel,
-        )
+        tasks = _plan(mover, spec, cancel)
+        again = isinstance(tasks, Sequence)  # a list is read again; a walk is started anew
+        budget = None
+        # First passes, before anything is copied; they keep counts, never the plan.
         if spec.resumed:
-            remove_stale_temps(tasks, spec.job_id)
-        tasks = _select(mover, tasks, spec.overwrite)
+            planning.remove_stale_temps(tasks, spec.job_id)
+            tasks = tasks if again else _plan(mover, spec, cancel)
         if spec.scratch_limit is not None:
-            _check_capacity(tasks, spec.scratch_limit)
-        files = [t for t in tasks if t.kind == "file"]
-        reporter.send(Planned(sum(t.size for t in files), len(files)))
-        _copy_all(mover, tasks, reporter, cancel, mover.streams(tasks))
+            chosen = planning.select(mover, tasks, spec.overwrite)
+            budget = planning.check_capacity(chosen, spec.scratch_limit)
+            tasks = tasks if again else _plan(mover, spec, cancel)
+        _copy_all(
+            mover, planning.select(mover, tasks, spec.overwrite), reporter, cancel, None, budget
+        )
     finally:
         mover.close()
 
 
-def _select(mover: Mover, tasks: list[FileTask], overwrite: str) -> list[FileTask]:
-    """Drop what is already in place, and existing files the ``overwrite`` rule keeps:
-    ``never`` keeps every existing file, ``newer`` one at least as new as its source."""
-    chosen = []
-    for task in tasks:
-        state = mover.current(task)
-        if state is True:
-            continue  # already staged (e.g. before a daemon restart)
-        if state is False and task.kind == "file":
-            if overwrite == "never" or (overwrite == "newer" and mover.newer(task)):
-                continue
-        chosen.append(task)
-    return chosen
-
-
-def _check_capacity(tasks: list[FileTask], limit: ScratchLimit) -> None:
-    """Refuse before copying what would not fit in the job's scratch capacity."""
-    path, capacity = limit.path, limit.capacity
-    used = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                used += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    needed = sum(t.size for t in tasks)
-    if used + needed > capacity:
-        raise TransferError(
-            f"does not fit in $BB_SCRATCH: needs {needed} bytes, {used} of capacity={capacity}"
-            " are used; ask for a larger #BB_LUA capacity="
-        )
+def _plan(mover: Mover, spec: TransferSpec, cancel: threading.Event) -> Iterable[FileTask]:
+    """The mover's plan (a list, or a lazy walk read once); transient errors retried."""
+    return _with_retries(  # type: ignore[no-any-return]
+        lambda: mover.plan(spec.source, spec.destination, tree=spec.tree, glob=spec.glob),
+        cancel,
+    )
 
 
 def _copy_all(
     mover: Mover,
-    tasks: list[FileTask],
+    tasks: Iterable[FileTask],
+    reporter: _Reporter,
+    cancel: threading.Event,
+    threads: int | None = None,
+    budget: int | None = None,
+) -> None:
+    """Copy the plan as it is walked (``planning.Walk``): directories by the walk, in order, before
+    anything in them; files and links by ``threads`` threads (None: ``mover.streams`` of the
+    first chunk) taking them one at a time, each chunk interleaved across directories when
+    several threads copy (concurrent creates in one directory wait on its lock). A mover
+    with its own concurrency (``copy_many``) gets batches of up to ``BATCH`` entries. The
+    first failure cancels the rest and is raised."""
+    batched = type(mover).copy_many is not Mover.copy_many
+
+    def make_dir(task: FileTask) -> None:
+        _with_retries(lambda: mover.copy(task, reporter, cancel), cancel)
+
+    walk = planning.Walk(
+        mover,
+        tasks,
+        reporter.send,
+        cancel,
+        make_dir=None if batched else make_dir,
+        budget=budget,
+        files_ahead=READ_AHEAD_FILES,
+        bytes_ahead=READ_AHEAD_BYTES,
+    )
+    with walk:
+        chunks = walk.chunks()
+        if batched:
+            return _copy_batched(mover, chunks, reporter, cancel)
+        first = next(chunks, [])
+        if threads is None:
+            threads = mover.streams(first)
+        _copy_threads(mover, itertools.chain([first], chunks), reporter, cancel, threads)
+
+
+def _copy_threads(
+    mover: Mover,
+    chunks: Iterator[list[FileTask]],
     reporter: _Reporter,
     cancel: threading.Event,
     threads: int,
 ) -> None:
-    """Directories first (in order), then files and links: ``threads`` threads take them one
-    at a time from a shared list, interleaved across directories (concurrent creates in one
-    directory wait on its lock), while one more thread has the mover read ahead of them
-    (``Mover.prefetch``); the first failure cancels the rest and is raised."""
-    if type(mover).copy_many is not Mover.copy_many:
-        return _copy_batched(mover, tasks, reporter, cancel)
-    for task in tasks:
-        if task.kind == "dir":
-            mover.copy(task, reporter, cancel)
-    work = [t for t in tasks if t.kind != "dir"]
-    if threads > 1:
-        work = _interleave(work)
-    taken = itertools.count()  # next() on it is atomic: no lock, no future per file
-    cursor = [0]  # the index the copying threads have reached (read by the read-ahead)
+    lock = threading.Lock()
+    current: list[Iterator[FileTask]] = [iter(())]
     failures: list[BaseException] = []
+
+    def take() -> FileTask | None:
+        with lock:
+            while True:
+                task = next(current[0], None)
+                if task is not None:
+                    return task
+                chunk = next(chunks, None)  # raises the walk's error, in one copying thread
+                if chunk is None:
+                    return None
+                current[0] = iter(_interleave(chunk) if threads > 1 else chunk)
 
     def drain() -> None:
         while not failures:
-            i = next(taken)
-            if i >= len(work):
-                return
-            cursor[0] = i
-            task = work[i]
             try:
+                task = take()
+                if task is None:
+                    return
                 started = time.perf_counter()
                 _with_retries(lambda t=task: mover.copy(t, reporter, cancel), cancel)
                 if task.kind == "file":
@@ -247,48 +291,19 @@ def _copy_all(
                 cancel.set()
                 return
 
-    finished = threading.Event()
     helpers = [
         threading.Thread(target=drain, name=f"file-{i}", daemon=True)
-        for i in range(min(max(1, threads), len(work)) - 1)
+        for i in range(max(1, threads) - 1)
     ]
-    if len(work) > 1 and type(mover).prefetch is not Mover.prefetch:
-        helpers.append(
-            threading.Thread(
-                target=_read_ahead,
-                args=(mover, work, cursor, finished),
-                name="read-ahead",
-                daemon=True,
-            )
-        )
     for thread in helpers:
         thread.start()
     try:
         drain()  # this thread is one of the workers
     finally:
-        finished.set()
         for thread in helpers:
             thread.join()
     if failures:
         raise failures[0]
-
-
-def _read_ahead(
-    mover: Mover, work: list[FileTask], cursor: list[int], finished: threading.Event
-) -> None:
-    """Call ``mover.prefetch`` on each entry in copy order, at most ``READ_AHEAD_FILES``
-    entries and ``READ_AHEAD_BYTES`` ahead of the copying threads (the page cache must
-    still hold what was read when its copy comes)."""
-    offsets = list(itertools.accumulate((t.size for t in work), initial=0))
-    for i, task in enumerate(work):
-        while i - cursor[0] > READ_AHEAD_FILES or (
-            offsets[i] - offsets[cursor[0]] > READ_AHEAD_BYTES
-        ):
-            if finished.wait(0.002):
-                return
-        if finished.is_set():
-            return
-        mover.prefetch(task)
 
 
 def _interleave(tasks: list[FileTask]) -> list[FileTask]:
@@ -302,10 +317,26 @@ def _interleave(tasks: list[FileTask]) -> list[FileTask]:
 
 
 def _copy_batched(
+    mover: Mover,
+    chunks: Iterator[list[FileTask]],
+    reporter: _Reporter,
+    cancel: threading.Event,
+) -> None:
+    """Hand the plan to the mover's ``copy_many`` in batches of up to ``BATCH`` entries;
+    retry each batch's transient failures."""
+    batch: list[FileTask] = []
+    for chunk in chunks:
+        batch += chunk
+        if len(batch) >= BATCH:
+            _copy_batch(mover, batch, reporter, cancel)
+            batch = []
+    if batch:
+        _copy_batch(mover, batch, reporter, cancel)
+
+
+def _copy_batch(
     mover: Mover, tasks: list[FileTask], reporter: _Reporter, cancel: threading.Event
 ) -> None:
-    """Hand the whole plan to the mover's ``copy_many``; retry its transient failures."""
-
     def done(task: FileTask) -> None:
         if task.kind == "file":
             reporter.file_done(task)
@@ -338,25 +369,6 @@ def _with_retries(action: Any, cancel: threading.Event) -> Any:
         if cancel.wait(delay):
             raise movers.Cancelled()
         delay = min(delay * 2, BACKOFF_CAP)
-
-
-def remove_stale_temps(tasks: list[FileTask], job_id: str) -> int:
-    """Remove the temporary files an earlier, killed attempt of this job left in the
-    local destination directories of ``tasks`` (as the user); how many were removed."""
-    pattern, removed = localfs.temp_pattern(job_id), 0
-    for parent in {os.path.dirname(t.dst) for t in tasks if not t.dst.startswith("s3://")}:
-        try:
-            names = os.listdir(parent)
-        except OSError:
-            continue
-        for name in names:
-            if pattern.match(name):
-                try:
-                    os.unlink(os.path.join(parent, name))
-                    removed += 1
-                except OSError:
-                    pass
-    return removed
 
 
 def cleanup(paths: list[str], identity: Identity) -> None:

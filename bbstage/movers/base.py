@@ -6,7 +6,7 @@ import errno
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -83,7 +83,12 @@ class MoverOptions:
 class Mover(ABC):
     """Moves data from one kind of location to another. One instance per transfer.
 
-    ``plan`` lists what to copy (expanding trees and globs); ``copy`` copies one entry,
+    ``plan`` lists what to copy (expanding trees and globs), as an iterable the worker reads
+    once, in order: a directory comes before anything in it. It may be a list (S3 listings)
+    or a lazy iterator (a local tree, walked as it is copied, so memory does not grow with
+    the number of files); errors about the source as a whole (missing, not a directory,
+    nothing matches) are raised by ``plan`` itself, errors met while walking by the
+    iterator. ``copy`` copies one entry,
     writing to a temporary name beside the destination and renaming it into place only
     when complete and verified. ``exists`` tells whether a destination is already current.
     """
@@ -92,7 +97,7 @@ class Mover(ABC):
         self.options = options
 
     @abstractmethod
-    def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]: ...
+    def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> Iterable[FileTask]: ...
 
     @abstractmethod
     def copy(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None: ...
@@ -111,9 +116,10 @@ class Mover(ABC):
         except OSError:
             return False
 
-    def streams(self, tasks: list[FileTask]) -> int:
-        """How many files to copy at once for this plan: ``options.threads`` unless the
-        mover knows better for its storage."""
+    def streams(self, tasks: Sequence[FileTask]) -> int:
+        """How many files to copy at once, judged from the first ``tasks`` of the plan
+        (the worker does not hold the whole plan): ``options.threads`` unless the mover knows
+        better for its storage."""
         return self.options.threads
 
     def prefetch(self, task: FileTask) -> None:  # noqa: B027 - optional hook
@@ -133,13 +139,15 @@ class Mover(ABC):
         cancel: threading.Event,
         done: Callable[[FileTask], None],
     ) -> dict[FileTask, TransferError]:
-        """Copy a whole plan (directories first) with the mover's own concurrency (e.g. many
-        S3 requests in flight on one event loop); call ``done(task)`` after each file or link
-        is in place; return the entries that failed, stopping early at a permanent error.
+        """Copy a batch of the plan (its directories first) with the mover's own concurrency
+        (e.g. many S3 requests in flight on one event loop); call ``done(task)`` after each
+        file or link is in place; return the entries that failed, stopping early at a permanent
+        error.
         Bytes reported through ``progress`` for a failed entry are taken back (negative add).
 
         Optional: the worker uses it instead of its own threads over ``copy`` when a mover
-        overrides it. This default copies one entry after another."""
+        overrides it, in batches of up to ``worker.BATCH`` entries in plan order (one call for a
+        smaller plan). This default copies one entry after another."""
         failed: dict[FileTask, TransferError] = {}
         for task in tasks:
             if cancel.is_set():

@@ -15,22 +15,20 @@ from contextlib import contextmanager
 from bbstage.movers.base import FileTask, Progress, TransferError, os_error
 
 
-def plan_local(src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
-    """List a local source: one file, a tree (trailing ``/``) or a glob's matches."""
+def plan_local(src: str, dst: str, *, tree: bool, glob: bool) -> Iterator[FileTask]:
+    """List a local source: one file, a tree (trailing ``/``) or a glob's matches.
+
+    A missing source, or a tree that is not a directory, is refused here, at once; a tree's
+    entries are then yielded as they are found (``_walk``), so a plan of a million files is
+    never held in memory."""
     if glob:
-        matches = sorted(globmod.glob(src))
+        matches = sorted(globmod.glob(src))  # the top-level names only: each a file or a tree
         if not matches:
             raise TransferError(f"no such file or directory: nothing matches {src}")
-        tasks: list[FileTask] = []
-        for match in matches:
-            target = os.path.join(dst, os.path.basename(match))
-            if os.path.isdir(match) and not os.path.islink(match):
-                tasks += _walk(match, target)
-            else:
-                tasks.append(_entry(match, target))
-        return tasks
+        return _expand(matches, dst)
     if tree:
-        return _walk(src.rstrip("/") or "/", dst.rstrip("/"))
+        root = src.rstrip("/") or "/"
+        return _walk(root, dst.rstrip("/"), _root_mode(root))
     try:
         st = os.stat(src)
     except OSError as exc:
@@ -39,16 +37,28 @@ def plan_local(src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
         raise TransferError(
             f"is a directory: {src} (end the source and destination with / to stage a tree)"
         )
-    return [FileTask(src, dst, "file", st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns)]
+    return iter([FileTask(src, dst, "file", st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns)])
 
 
-def _entry(path: str, dst: str) -> FileTask:
+def _expand(matches: list[str], dst: str) -> Iterator[FileTask]:
+    for match in matches:
+        target = os.path.join(dst, os.path.basename(match))
+        if os.path.isdir(match) and not os.path.islink(match):
+            yield from _walk(match, target, _root_mode(match))
+        else:
+            yield _entry(match, target)
+
+
+def _entry(path: str, dst: str, st: os.stat_result | None = None) -> FileTask:
     try:
-        st = os.lstat(path)
+        st = st or os.lstat(path)
     except OSError as exc:
         raise os_error(exc, path) from None
     if stat.S_ISLNK(st.st_mode):
-        return FileTask(path, dst, "link", target=os.readlink(path))
+        try:
+            return FileTask(path, dst, "link", target=os.readlink(path))
+        except OSError as exc:
+            raise os_error(exc, path) from None
     if stat.S_ISDIR(st.st_mode):
         return FileTask(path, dst, "dir", mode=stat.S_IMODE(st.st_mode))
     if not stat.S_ISREG(st.st_mode):
@@ -56,24 +66,42 @@ def _entry(path: str, dst: str) -> FileTask:
     return FileTask(path, dst, "file", st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns)
 
 
-def _walk(root: str, dst_root: str) -> list[FileTask]:
-    """Every directory, file and link under ``root``; links are copied as links, never followed."""
+def _root_mode(root: str) -> int:
+    """The mode of a tree's root; refuses a root that is not a directory."""
     try:
-        if not stat.S_ISDIR(os.stat(root).st_mode):
-            raise TransferError(f"not a directory: {root} (drop the trailing / to stage a file)")
+        st = os.stat(root)
     except OSError as exc:
         raise os_error(exc, root) from None
-    tasks = [FileTask(root, dst_root, "dir", mode=stat.S_IMODE(os.stat(root).st_mode))]
+    if not stat.S_ISDIR(st.st_mode):
+        raise TransferError(f"not a directory: {root} (drop the trailing / to stage a file)")
+    return stat.S_IMODE(st.st_mode)
 
-    def onerror(exc: OSError) -> None:
-        raise os_error(exc)
 
-    for dirpath, dirnames, filenames in os.walk(root, onerror=onerror):
-        rel = os.path.relpath(dirpath, root)
-        target = dst_root if rel == "." else os.path.join(dst_root, rel)
-        for name in dirnames + filenames:
-            tasks.append(_entry(os.path.join(dirpath, name), os.path.join(target, name)))
-    return tasks
+def _walk(root: str, dst_root: str, mode: int) -> Iterator[FileTask]:
+    """Every directory, file and link under ``root``, as found; links are copied as links,
+    never followed. A directory comes before anything in it. Memory is bounded by the
+    directories waiting to be read, never by the files: each directory's entries are
+    yielded while it is read (``os.walk`` would first list a whole directory)."""
+    yield FileTask(root, dst_root, "dir", mode=mode)
+    pending = [(root, dst_root)]
+    while pending:
+        here, there = pending.pop()
+        subdirs = []
+        try:
+            with os.scandir(here) as entries:
+                for entry in entries:
+                    target = os.path.join(there, entry.name)
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError as exc:
+                        raise os_error(exc, entry.path) from None
+                    task = _entry(entry.path, target, st)
+                    if task.kind == "dir":
+                        subdirs.append((entry.path, target))
+                    yield task
+        except OSError as exc:
+            raise os_error(exc, here) from None
+        pending += reversed(subdirs)  # depth first, each directory's subdirectories in order
 
 
 def current(task: FileTask) -> bool | None:
@@ -116,6 +144,16 @@ def temp_name(dst: str, job_id: str) -> str:
 def temp_pattern(job_id: str) -> re.Pattern[str]:
     """The names ``temp_name`` gives this job's temporary files, any attempt's."""
     return re.compile(rf"\..+\.bbstage-{re.escape(job_id)}-[0-9a-f]{{8}}\.part\Z", re.DOTALL)
+
+
+_TEMP_NAME = re.compile(r"\.(.+)\.bbstage-.*-[0-9a-f]{8}\.part\Z", re.DOTALL)
+
+
+def temp_owner(path: str) -> str:
+    """The destination a ``temp_name`` stands in for (``path`` itself if it is not one)."""
+    head, name = os.path.split(path)
+    found = _TEMP_NAME.match(name)
+    return os.path.join(head, found.group(1)) if found else path
 
 
 class atomic_file:  # lower case: used as a function, ``with atomic_file(...) as fd``

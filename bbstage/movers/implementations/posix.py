@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from bbstage.movers import localfs
@@ -16,13 +17,13 @@ _PREFETCH_MAX = 1 << 20  # bigger files get the kernel's sequential readahead in
 
 
 class PosixMover(Mover):
-    def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
+    def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> Iterator[FileTask]:
         return localfs.plan_local(src, dst, tree=tree, glob=glob)
 
     def current(self, task: FileTask) -> bool | None:
         return localfs.current(task)
 
-    def streams(self, tasks: list[FileTask]) -> int:
+    def streams(self, tasks: Sequence[FileTask]) -> int:
         """One stream when source and destination are both on local block devices: there
         every create goes through one journal and parallel threads only contend (one thread
         fed by ``prefetch`` beat 8: docs/performance.md, "POSIX staging").

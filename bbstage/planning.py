@@ -1,0 +1,185 @@
+"""A transfer's plan, streamed: what to copy (``select``), the first passes a resumed or
+capacity-bound transfer makes before copying (``remove_stale_temps``, ``check_capacity``),
+and the walk that hands the plan to the copying threads a bounded window ahead of them
+(``Walk``). None of them holds the plan: memory does not grow with the number of files."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from bbstage.movers import FileTask, Mover, TransferError, localfs
+from bbstage.transfer import Planned, ScratchLimit
+
+
+def select(mover: Mover, tasks: Iterable[FileTask], overwrite: str) -> Iterator[FileTask]:
+    """Drop what is already in place, and existing files the ``overwrite`` rule keeps:
+    ``never`` keeps every existing file, ``newer`` one at least as new as its source."""
+    for task in tasks:
+        state = mover.current(task)
+        if state is True:
+            continue  # already staged (e.g. before a daemon restart)
+        if state is False and task.kind == "file":
+            if overwrite == "never" or (overwrite == "newer" and mover.newer(task)):
+                continue
+        yield task
+
+
+def check_capacity(tasks: Iterable[FileTask], limit: ScratchLimit) -> int:
+    """Refuse before copying what would not fit in the job's scratch capacity; the bytes
+    the copy may still add (the walk that copies stops there, should the tree grow)."""
+    path, capacity = limit.path, limit.capacity
+    used = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                used += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    needed = sum(t.size for t in tasks)
+    if used + needed > capacity:
+        raise TransferError(
+            f"does not fit in $BB_SCRATCH: needs {needed} bytes, {used} of capacity={capacity}"
+            " are used; ask for a larger #BB_LUA capacity="
+        )
+    return capacity - used
+
+
+_END = None  # after the last chunk
+WINDOWS = 16  # the read-ahead window, in chunks handed from the walk to the copy
+REPORT_EVERY = 0.25  # seconds between the counts sent while walking
+
+
+class Walk:
+    """The plan, read by its own thread and handed to the copying threads in chunks through
+    a bounded queue: the walk runs at most ``files_ahead`` files (and about ``bytes_ahead``
+    bytes) ahead of the copy. On the way it creates directories (``make_dir``, before
+    anything in them is handed on), has the mover read files ahead (``Mover.prefetch``),
+    counts what it handed on, and sends it (``send``) as ``Planned``: the counts so far
+    now and then, the final ones when the walk has ended — before the end of the queue,
+    so before the copy can end and the worker send ``Done``. ``budget``: the bytes the
+    plan may reach (scratch capacity left); a source that grows past it fails the walk."""
+
+    def __init__(
+        self,
+        mover: Mover,
+        tasks: Iterable[FileTask],
+        send: Callable[[Planned], None],
+        cancel: threading.Event,
+        *,
+        make_dir: Callable[[FileTask], None] | None,
+        budget: int | None,
+        files_ahead: int,
+        bytes_ahead: int,
+    ) -> None:
+        self.mover, self.tasks, self.send, self.cancel = mover, tasks, send, cancel
+        self.make_dir, self.budget = make_dir, budget
+        self.prefetch = type(mover).prefetch is not Mover.prefetch
+        self.chunk_files = max(1, files_ahead // WINDOWS)
+        self.chunk_bytes = max(1, bytes_ahead // WINDOWS)
+        # The copy holds one chunk, the walk fills one: WINDOWS chunks ahead in all.
+        self.queue: queue.Queue[list[FileTask] | None] = queue.Queue(WINDOWS - 2)
+        self.stop = threading.Event()  # the copy has ended (or failed): stop walking
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="walk", daemon=True)
+
+    def __enter__(self) -> Walk:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def chunks(self) -> Iterator[list[FileTask]]:
+        """The chunks in plan order; raises the walk's error where it happened."""
+        while True:
+            chunk = self.queue.get()
+            if chunk is _END:
+                if self.error is not None:
+                    raise self.error
+                return
+            yield chunk
+
+    def _run(self) -> None:
+        try:
+            self._walk()
+        except BaseException as exc:
+            self.error = exc
+        self._put(_END, force=True)
+
+    def _walk(self) -> None:
+        files = nbytes = chunk_bytes = 0
+        chunk: list[FileTask] = []
+        last = time.monotonic()
+        for task in self.tasks:
+            if self.stop.is_set() or self.cancel.is_set():
+                return  # no final Planned: the transfer did not finish
+            if task.kind == "dir" and self.make_dir is not None:
+                self.make_dir(task)
+                continue
+            if task.kind == "file":
+                files, nbytes = files + 1, nbytes + task.size
+                if self.budget is not None and nbytes > self.budget:
+                    raise TransferError(
+                        "does not fit in $BB_SCRATCH: the source grew while it was staged,"
+                        f" past the {self.budget} bytes left of its capacity="
+                    )
+                chunk_bytes += task.size
+            if self.prefetch:
+                self.mover.prefetch(task)
+            chunk.append(task)
+            if len(chunk) >= self.chunk_files or chunk_bytes >= self.chunk_bytes:
+                if not self._put(chunk):
+                    return
+                chunk, chunk_bytes = [], 0
+                if time.monotonic() - last >= REPORT_EVERY:
+                    last = time.monotonic()
+                    self.send(Planned(nbytes, files, final=False))
+        if chunk and not self._put(chunk):
+            return
+        self.send(Planned(nbytes, files))
+
+    def _put(self, chunk: list[FileTask] | None, force: bool = False) -> bool:
+        """Hand ``chunk`` on, waiting for room; False if the copy ended first. ``force``
+        (the end mark) makes room if the copy no longer reads."""
+        while True:
+            try:
+                self.queue.put(chunk, timeout=0.05)
+                return True
+            except queue.Full:
+                if not force and self.stop.is_set():
+                    return False
+                if force and self.stop.is_set():
+                    try:
+                        self.queue.get_nowait()
+                    except queue.Empty:
+                        pass
+
+
+def remove_stale_temps(tasks: Iterable[FileTask], job_id: str) -> int:
+    """Remove the temporary files an earlier, killed attempt of this job left in the
+    local destination directories of ``tasks`` (as the user); how many were removed.
+    Each directory is read once per run of its entries (a walk keeps a directory's
+    entries together), so nothing grows with the number of files."""
+    pattern, removed, last = localfs.temp_pattern(job_id), 0, None
+    for task in tasks:
+        parent = os.path.dirname(task.dst)
+        if parent == last or task.dst.startswith("s3://"):
+            continue
+        last = parent
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            if pattern.match(name):
+                try:
+                    os.unlink(os.path.join(parent, name))
+                    removed += 1
+                except OSError:
+                    pass
+    return removed
