@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import structlog
 
-from bbstage import directives, metrics, report, scratch, staged
+from bbstage import directives, metrics, report, scratch, slurmdirs, staged
 from bbstage.config import Config
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
@@ -107,6 +107,11 @@ class Engine:
         where data_in blocks, before 24.05) start staging in at once: Slurm calls data_in
         right after setup, and finds the copy under way (or done)."""
         job_id = req.job_id
+        array = req.get("array_job_id")
+        if isinstance(array, str):
+            conf = str(self.config.slurm_conf) if self.config.slurm_conf else None
+            script = req.get("script_path")
+            await asyncio.to_thread(slurmdirs.mend_task, job_id, array, script, conf)
         job = self.store.job(job_id)
         if job is not None and job.state not in FINISHED:
             if _same_job(job, req):

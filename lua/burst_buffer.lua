@@ -26,9 +26,22 @@ local function module(name)
 	return chunk()
 end
 
+-- A task split off a job array, with its own id (24.05+ say so in job_info): the array's id.
+local function array_of(job_id, job_info)
+	local a = job_info and tonumber(job_info.array_job_id)
+	if a and a ~= 0 and a ~= tonumber(job_id) then return a end
+end
+
 -- The whole job script (Slurm gives its path; a Lua error fails the hook with the reason).
-local function read_script(path)
-	local f = assert(io.open(path, "rb"))
+-- Slurm names a split-off array task's script by the task's id before that file exists (the
+-- daemon links it at setup: bbstage/slurmdirs.py); until then the array's script is the one.
+local function read_script(path, array)
+	local f = io.open(path, "rb")
+	if not f and array then
+		f = io.open((path:gsub("hash%.%d/job%.%d+/script$",
+			"hash." .. array % 10 .. "/job." .. array .. "/script")), "rb")
+	end
+	f = f or assert(io.open(path, "rb"))
 	local text = f:read("*a")
 	f:close()
 	return text
@@ -38,7 +51,7 @@ end
 -- A Lua error becomes a readable reason (Slurm would show "(null)").
 local function forward(op, timeout, job_id, job_script, uid, gid, job_info, extra)
 	local ok, rc, message, kind = pcall(function()
-		local script = job_script and read_script(job_script)
+		local script = job_script and read_script(job_script, array_of(job_id, job_info))
 		return module("hooks").forward(module("zmtp"), site.socket, op, timeout, job_id,
 			script, uid, gid, job_info, extra)
 	end)
@@ -85,7 +98,8 @@ function slurm_bb_paths(job_id, job_script, path_file, uid, gid, job_info)
 	local chosen = pools[1]
 	if #pools > 1 then -- only then does the script's pool= matter (and the script is read:
 		-- 24.11 may give a split-off array task a script path that does not exist)
-		local wanted = module("directives").parse(read_script(job_script)).pool
+		local wanted = module("directives").parse(read_script(job_script,
+			array_of(job_id, job_info))).pool
 		for _, p in ipairs(pools) do
 			if p.name == wanted then chosen = p end
 		end
@@ -105,9 +119,12 @@ local function polled() return slurm.SLURM_BB_BUSY ~= nil end
 
 -- Create the job's record and scratch space (22.05 gives uid and gid only here). Where
 -- data_in blocks (before 24.05), the daemon starts staging in now: data_in comes next.
+-- For a task split off an array the daemon mends Slurm's directory (bbstage/slurmdirs.py).
 function slurm_bb_setup(job_id, uid, gid, pool, bb_size, job_script, job_info)
+	local array = array_of(job_id, job_info)
 	return forward("setup", 300, job_id, job_script, uid, gid, job_info,
-		{ pool = pool, size = bb_size, stage_in = not polled() })
+		{ pool = pool, size = bb_size, stage_in = not polled(),
+		  array_job_id = array and tostring(array), script_path = array and job_script })
 end
 
 -- The daemon leaves an empty file <site.staged>/<job id> once the job's stage-in is done

@@ -119,3 +119,29 @@ def test_bbstat_shows_paths_only_to_their_owner(cluster: Cluster, workdir: Path)
     )
     assert "theirs.txt" not in spoof, spoof
     shutil.rmtree(other_dir, ignore_errors=True)
+
+
+def test_every_task_of_a_job_array_gets_its_scratch(cluster: Cluster, workdir: Path) -> None:
+    """Slurm >= 23.02 writes a split-off array task's paths file into a directory it never
+    creates; setup creates it (bbstage/slurmdirs.py), else those tasks are held unexplained."""
+    data = os.urandom(100_000)
+    (workdir / "in.dat").write_bytes(data)
+    as_user(workdir)
+    script = workdir / "array.sh"
+    script.write_text(
+        "#!/bin/bash\n#BB_LUA pool=scratch capacity=1M\n"
+        f"#BB_LUA stage_in source={workdir}/in.dat destination=$BB_SCRATCH/in.dat\n"
+        f'cp "$BB_SCRATCH/in.dat" "{workdir}/out_$SLURM_ARRAY_TASK_ID.dat"\n'
+    )
+    script.chmod(0o644)
+    out = cluster.run(
+        "sbatch", "--parsable", "--array=0-2", f"--chdir={workdir}",
+        f"--output={workdir}/slurm-%A_%a.out", str(script), user=USER,
+    )  # fmt: skip
+    array = out.strip().split(";")[0]
+    for task in range(3):
+        cluster.wait_gone(f"{array}_{task}", timeout=180)
+        assert cluster.job(f"{array}_{task}")["JobState"] == "COMPLETED", cluster.job(
+            f"{array}_{task}"
+        )
+        assert (workdir / f"out_{task}.dat").read_bytes() == data
