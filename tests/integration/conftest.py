@@ -8,13 +8,14 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 USER, OTHER = "bbuser1", "bbuser2"
@@ -72,17 +73,20 @@ class Cluster:
             fields["Reason"] = reason
         return fields
 
-    def wait(self, job_id: str, pred, timeout: float = 120) -> dict[str, str]:
-        deadline = time.monotonic() + timeout
-        while True:
+    def wait(
+        self, job_id: str, pred: Callable[[dict[str, str]], bool], timeout: float = 120
+    ) -> dict[str, str]:
+        """Until ``pred`` holds of the job's fields (those fields); fails at once on a hold."""
+
+        def met() -> dict[str, str] | None:
             info = self.job(job_id)
             if pred(info):
                 return info
             if info.get("Priority") == "0" and "burst_buffer/lua" in info.get("Reason", ""):
                 raise AssertionError(f"job {job_id} held: {info['Reason']}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} timed out in {info}")
-            time.sleep(0.2)
+            return None
+
+        return wait_until(met, timeout, lambda: f"job {job_id}, in {self.job(job_id)}", every=0.2)
 
     def wait_state(self, job_id: str, *states: str, timeout: float = 120) -> dict[str, str]:
         return self.wait(job_id, lambda j: j.get("JobState") in states, timeout)

@@ -7,26 +7,21 @@ where bytes cannot be used (an S3 key) sbatch fails with the line.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import file_digest, wait_until
 
 from .conftest import USER, Cluster, as_user
 
 pytestmark = pytest.mark.cluster
 
 E9 = b"\xe9"  # Latin-1 "é"; not UTF-8
-
-
-def sha(path: bytes) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def sbatch(cluster: Cluster, workdir: Path, script: bytes) -> subprocess.CompletedProcess[bytes]:
@@ -56,16 +51,19 @@ def job_info(cluster: Cluster, job_id: str) -> dict[str, str]:
 
 def wait_gone(cluster: Cluster, job_id: str, timeout: float = 180) -> dict[str, str]:
     """Until the job finished and its teardown ran (as Cluster.wait_gone)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def gone() -> dict[str, str] | None:
         info = job_info(cluster, job_id)
         if info.get("JobState") in ("COMPLETED", "CANCELLED", "FAILED") and info.get(
             "BurstBufferState", ""
         ) in ("", "complete", "teardown-complete"):
             return info
         assert "_bad_request" not in info.get("Reason", ""), info
-        assert time.monotonic() < deadline, f"job {job_id} timed out in {info}"
-        time.sleep(0.2)
+        return None
+
+    return wait_until(
+        gone, timeout, lambda: f"job {job_id} to end; it is {job_info(cluster, job_id)}", every=0.2
+    )
 
 
 def test_latin1_comment_and_path_stage_byte_for_byte(cluster: Cluster, workdir: Path) -> None:
@@ -99,10 +97,10 @@ def test_latin1_comment_and_path_stage_byte_for_byte(cluster: Cluster, workdir: 
     for job in (comment, path):
         info = wait_gone(cluster, job)
         assert info["JobState"] == "COMPLETED", info
-    assert sha(out + b"/in.dat") == sha(src + b"/" + plain)
+    assert file_digest(out + b"/in.dat") == file_digest(src + b"/" + plain)
     assert sorted(os.listdir(out)) == sorted([b"in.dat", latin])
-    assert sha(out + b"/" + latin) == sha(src + b"/" + latin)
-    assert (workdir / "inside.txt").read_text().strip() == sha(src + b"/" + latin)
+    assert file_digest(out + b"/" + latin) == file_digest(src + b"/" + latin)
+    assert (workdir / "inside.txt").read_text().strip() == file_digest(src + b"/" + latin)
     assert cluster.status(path)["state"] == "done"
     shown = cluster.bbstage("status", path)  # human output: the byte shown as \xe9
     assert shown.returncode == 0 and "r\\xe9sultat.dat" in shown.stdout, shown.stderr

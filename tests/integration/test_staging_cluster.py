@@ -2,35 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import file_digest, make_tree, process_gone, wait_until
+
 from .conftest import USER, Cluster, as_user
 
 pytestmark = pytest.mark.cluster
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def make_tree(root: Path, files: int, size: int) -> Path:
-    root.mkdir(parents=True)
-    for i in range(files):
-        (root / f"f{i:05}").write_bytes(os.urandom(size))
-    return root
-
-
-def wait_until(pred, timeout: float = 60) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_daemon_killed_mid_stage_in_resumes_and_checksums_match(
@@ -44,15 +26,16 @@ def test_daemon_killed_mid_stage_in_resumes_and_checksums_match(
         f"#!/bin/bash\n#BB_LUA stage_in source={src}/ destination={dst}/ checksum=xxh3\n"
         f"ls {dst} | wc -l > count.txt\n",
     )
-    wait_until(lambda: dst.exists() and len(os.listdir(dst)) >= 100)
-    os.kill(cluster.daemon_pid(), signal.SIGKILL)
-    time.sleep(0.5)
+    wait_until(lambda: dst.exists() and len(os.listdir(dst)) >= 100, 60, "100 files staged")
+    pid = cluster.daemon_pid()
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: process_gone(pid), 20, f"the killed daemon (pid {pid}) to end")
     cluster.up()  # restarts only the daemon
     cluster.wait_gone(job, timeout=180)
     assert cluster.job(job)["JobState"] == "COMPLETED"
     assert (workdir / "count.txt").read_text().strip() == "2500"
     assert sorted(os.listdir(dst)) == sorted(os.listdir(src))
-    assert all(sha(dst / name) == sha(src / name) for name in os.listdir(src))
+    assert all(file_digest(dst / name) == file_digest(src / name) for name in os.listdir(src))
 
 
 def test_root_only_source_is_refused_and_nothing_lands(cluster: Cluster, workdir: Path) -> None:
@@ -110,7 +93,11 @@ def test_stage_in_beyond_capacity_is_held_and_leaves_nothing(
     scratch = Path(cluster.status(job)["scratch"])
     assert not scratch.exists() or list(scratch.iterdir()) == []
     cluster.run("scancel", job)
-    wait_until(lambda: cluster.status(job)["state"] in ("cancelled", "failed", "done"), 30)
+    wait_until(
+        lambda: cluster.status(job)["state"] in ("cancelled", "failed", "done"),
+        30,
+        lambda: f"the cancelled job to end; its status: {cluster.status(job)}",
+    )
     pools = cluster.bbstage("pools", "--json")
     assert pools.returncode == 0
 
@@ -121,7 +108,11 @@ def test_daemon_down_at_submit_holds_then_stages_after_release(
     (workdir / "in.dat").write_text("hello\n")
     as_user(workdir)
     os.kill(cluster.daemon_pid(), signal.SIGTERM)
-    wait_until(lambda: not (cluster.dir / "run" / "control.sock").exists(), 20)
+    wait_until(
+        lambda: not (cluster.dir / "run" / "control.sock").exists(),
+        20,
+        "the stopped daemon to remove its socket",
+    )
     try:
         job = cluster.submit(
             workdir,

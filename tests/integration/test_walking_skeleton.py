@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import file_digest, make_tree, wait_until
+
 from .conftest import USER, Cluster, as_user
 
 pytestmark = pytest.mark.cluster
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_job_stages_inputs_in_and_outputs_out(cluster: Cluster, workdir: Path) -> None:
@@ -38,7 +34,7 @@ cat {fast}/input.dat {fast}/refs/sub/r7.txt > {fast}/result.dat
     )
     cluster.wait_gone(job)
     assert cluster.job(job)["JobState"] == "COMPLETED"
-    assert digest(fast / "input.dat") == digest(data / "input.dat")
+    assert file_digest(fast / "input.dat") == file_digest(data / "input.dat")
     assert (fast / "refs" / "sub" / "r19.txt").read_text() == "ref 19\n" * 100
     expected = (data / "input.dat").read_bytes() + (data / "refs/sub/r7.txt").read_bytes()
     assert (data / "result.dat").read_bytes() == expected
@@ -84,11 +80,7 @@ def test_bad_directive_fails_sbatch_with_the_line(cluster: Cluster, workdir: Pat
 
 
 def test_scancel_during_stage_in_cleans_up(cluster: Cluster, workdir: Path) -> None:
-    src = workdir / "many"
-    src.mkdir()
-    block = os.urandom(256 << 10)
-    for i in range(6000):
-        (src / f"f{i:05}").write_bytes(block)
+    src = make_tree(workdir / "many", 6000, 256 << 10, fill="same")
     as_user(workdir)
     dst = workdir / "dst"
     job = cluster.submit(
@@ -103,10 +95,12 @@ def test_scancel_during_stage_in_cleans_up(cluster: Cluster, workdir: Path) -> N
     cluster.run("scancel", job)
     # Slurm 22.05 kills the teardown hook it starts on scancel during stage-in; the
     # daemon's reconciler notices the cancelled job and tears down itself.
-    deadline = time.monotonic() + 30
-    while cluster.status(job)["state"] != "cancelled":
-        assert time.monotonic() < deadline, cluster.status(job)
-        time.sleep(0.2)
+    wait_until(
+        lambda: cluster.status(job)["state"] == "cancelled",
+        30,
+        lambda: f"the job's state cancelled; its status: {cluster.status(job)}",
+        every=0.2,
+    )
     leftovers = [p for p in dst.rglob("*") if ".bbstage-" in p.name]
     assert leftovers == []
     assert len(list(dst.iterdir())) < 6000  # aborted, not finished
