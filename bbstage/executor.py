@@ -65,6 +65,8 @@ class TransferExecutor:
                 "bbstage.worker",
                 "bbstage.movers.implementations.posix",
                 "bbstage.movers.implementations.s3",  # once, not per worker (docs/performance.md)
+                "s3fs",  # the S3 movers import these at their first client, ~0.3 s
+                "aiobotocore.session",
             ]
         )
         forkserver.ensure_running()  # now, not in the middle of the first job's setup
