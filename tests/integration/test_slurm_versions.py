@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import make_tree
+
 from .conftest import OTHER, USER, Cluster, as_user
 
 pytestmark = pytest.mark.cluster
@@ -37,10 +39,7 @@ def daemon_log(cluster: Cluster, job: str) -> list[dict]:
 def test_hooks_carry_the_owner_and_24_11_submits_then_polls(
     cluster: Cluster, workdir: Path
 ) -> None:
-    src = workdir / "src"
-    src.mkdir()
-    for i in range(300):
-        (src / f"f{i:03}").write_bytes(os.urandom(64 << 10))
+    src = make_tree(workdir / "src", 300, 64 << 10, digits=3)
     as_user(workdir)
     job = cluster.submit(
         workdir,
