@@ -172,13 +172,9 @@ class TransferExecutor:
             current.conn.send(spec)
             while outcome is None:
                 event = current.conn.recv()
-                if isinstance(event, TempFile):
-                    temps.add(event.path)
-                elif isinstance(event, TempsSettled):
-                    temps.difference_update(event.paths)
-                elif isinstance(event, Done | Failed):
+                if isinstance(event, Done | Failed):
                     outcome = event
-                else:
+                elif not track_temps(temps, event):
                     on_event(event)
         except (EOFError, OSError):
             pass  # the worker died (killed on cancel, or crashed)
@@ -283,6 +279,19 @@ class TransferExecutor:
             proc = self._ctx.Process(target=worker.cleanup, args=(leftovers, identity))
             proc.start()
             proc.join(10)
+
+
+def track_temps(temps: set[str], event: Event) -> bool:
+    """Keep in ``temps`` the worker's temporary files that may exist: each from its
+    ``TempFile`` (sent before it is created) until its ``TempsSettled`` (sent after its
+    file was committed, so renamed, or removed). True if ``event`` was one of those two."""
+    if isinstance(event, TempFile):
+        temps.add(event.path)
+    elif isinstance(event, TempsSettled):
+        temps.difference_update(event.paths)
+    else:
+        return False
+    return True
 
 
 def _signal(pid: int, sig: int) -> None:
