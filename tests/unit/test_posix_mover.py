@@ -139,7 +139,7 @@ def test_one_stream_between_local_disks_all_elsewhere(
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f").write_bytes(b"x")
     mover = PosixMover(MoverOptions(threads=8))
-    tasks = mover.plan(f"{tmp_path}/src/", f"{tmp_path}/new/dst/", tree=True, glob=False)
+    tasks = list(mover.plan(f"{tmp_path}/src/", f"{tmp_path}/new/dst/", tree=True, glob=False))
     monkeypatch.setattr(posix, "_on_block_device", lambda path: True)
     assert mover.streams(tasks) == 1
     monkeypatch.setattr(
