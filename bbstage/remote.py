@@ -90,7 +90,7 @@ def run_attempt(
     """Run one attempt of a transfer as ``uid``/``gid`` in a child process; the outcome
     (``Done`` or ``Failed``), the ``Planned`` it answers, and the node that ran it."""
     from distributed import Event as DaskEvent
-    from distributed import get_worker
+    from distributed import get_client, get_worker
 
     worker = get_worker()
     node = worker.name if isinstance(worker.name, str) else str(worker.address)
@@ -101,7 +101,9 @@ def run_attempt(
     except IdentityError as exc:
         result["outcome"] = Failed(f"node {node} refuses the transfer: {exc}")
         return result
-    cancel = DaskEvent(cancel_name)
+    # Bound to the worker's client here, in the task's thread: the watcher's thread has
+    # no client of its own to find (is_set would raise there, and the cancel never come).
+    cancel = DaskEvent(cancel_name, client=get_client())
 
     def cancelled() -> bool:
         state = worker.state.tasks.get(key)
@@ -151,7 +153,8 @@ def run_child(
         while not finished.wait(POLL_EVERY):
             try:
                 stop = cancelled()
-            except Exception:  # the scheduler is unreachable: keep copying, ask again
+            except Exception as exc:  # the scheduler is unreachable: keep copying, ask again
+                print(f"bbstage.remote: cannot check for a cancel: {exc!r}", file=sys.stderr)
                 stop = False
             if stop:
                 stopped.set()

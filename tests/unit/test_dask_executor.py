@@ -35,7 +35,7 @@ def client() -> Iterator[Any]:
     with distributed.LocalCluster(
         n_workers=1,
         threads_per_worker=4,
-        processes=False,
+        processes=True,  # a worker process of its own, as on a node: no client at hand
         resources={"dtn": 1},
         dashboard_address=None,
     ) as cluster, distributed.Client(cluster) as c:  # fmt: skip
