@@ -1,0 +1,123 @@
+"""Big downloads in parallel ranged GETs (``download_concurrency`` > 1) against moto's server,
+with ``tests/s3fault.py`` in front of it for cut and failed ranges: the parts land at their
+offsets of one temporary file (bytes hashed), a cut range resumes where it stopped, a range
+that keeps failing leaves nothing under the final name, and no attempt trusts another's
+temporary file."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from bbstage.movers import TransferError
+from bbstage.movers.implementations.s3 import download
+from bbstage.transfer import TransferSpec
+from tests.helpers import Conn, file_digest, run_worker
+from tests.s3fault import FaultProxy
+
+CREDS = {"key": "testing", "secret": "testing"}
+SMALL = {"part_size": "5M", "multipart_threshold": "8M"}
+SIZE = (23 << 20) + 12345  # five ranges of 5 MiB, the last one short
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def big(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """A bucket holding ``big`` (``SIZE`` random bytes) and the local original."""
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    bucket = f"bkt-{uuid.uuid4().hex[:10]}"
+    client.create_bucket(Bucket=bucket)
+    src = tmp_path_factory.mktemp("ranged") / "big"
+    src.write_bytes(os.urandom(SIZE))
+    client.upload_file(str(src), bucket, "big")
+    return bucket, src
+
+
+def fetch(url: str, dst: Path, endpoint: str, **s3: Any) -> Conn:
+    extra = {"s3": {"endpoint_url": endpoint, **SMALL, **s3}, "credentials": CREDS}
+    return run_worker(TransferSpec.between(url, str(dst), job_id="r", extra=extra))
+
+
+@pytest.fixture
+def ranges(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The (offset, count) of every range the download asked for."""
+    asked: list[tuple[int, int]] = []
+    real = download.S3Download._get_range
+
+    async def spy(self: Any, s3: Any, task: Any, fd: int, offset: int, count: int, *a, **k):  # type: ignore[no-untyped-def]
+        asked.append((offset, count))
+        return await real(self, s3, task, fd, offset, count, *a, **k)
+
+    monkeypatch.setattr(download.S3Download, "_get_range", spy)
+    return asked
+
+
+def test_ranges_reassemble_into_the_object(
+    tmp_path: Path, endpoint: str, big: tuple[str, Path], ranges: list[tuple[int, int]]
+) -> None:
+    bucket, src = big
+    dst = tmp_path / "copy"
+    fetch(f"s3://{bucket}/big", dst, endpoint, download_concurrency=4)
+    assert sorted(ranges) == [(i * (5 << 20), min(5 << 20, SIZE - i * (5 << 20))) for i in range(5)]
+    assert file_digest(dst) == file_digest(src)
+    assert [p.name for p in tmp_path.iterdir()] == ["copy"]  # no temporary file left
+
+
+def test_cut_ranges_resume_and_reassemble(
+    tmp_path: Path, endpoint: str, big: tuple[str, Path]
+) -> None:
+    bucket, src = big
+    dst = tmp_path / "copy"
+    with FaultProxy(endpoint, truncate=0.3, methods={"GET"}, seed=3) as proxy:
+        fetch(f"s3://{bucket}/big", dst, proxy.url, download_concurrency=4)
+    assert proxy.stats.truncate > 0
+    assert file_digest(dst) == file_digest(src)
+
+
+def test_a_range_that_keeps_failing_leaves_nothing_under_the_final_name(
+    tmp_path: Path, endpoint: str, big: tuple[str, Path]
+) -> None:
+    bucket, src = big
+    dst = tmp_path / "copy"
+    dst.write_bytes(b"the old file")
+    with FaultProxy(endpoint, truncate=1.0, methods={"GET"}) as proxy:
+        with pytest.raises(TransferError, match=f"s3://{bucket}/big"):
+            fetch(f"s3://{bucket}/big", dst, proxy.url, download_concurrency=4)
+    assert proxy.stats.truncate > 0
+    assert dst.read_bytes() == b"the old file"  # neither torn nor replaced
+    assert [p.name for p in tmp_path.iterdir()] == ["copy"]  # the temporary file removed
+
+
+def test_a_new_attempt_does_not_trust_an_old_attempts_temporary_file(
+    tmp_path: Path, endpoint: str, big: tuple[str, Path]
+) -> None:
+    """A killed worker's partial temp (full size, wrong bytes) stays what it is: the next
+    attempt writes a fresh one, and the final file has the object's bytes."""
+    bucket, src = big
+    dst = tmp_path / "copy"
+    stale = tmp_path / ".copy.bbstage-r-0123abcd.part"
+    stale.write_bytes(b"\0" * SIZE)
+    fetch(f"s3://{bucket}/big", dst, endpoint, download_concurrency=4)
+    assert file_digest(dst) == file_digest(src)
+    assert stale.read_bytes() == b"\0" * SIZE
