@@ -3,8 +3,9 @@
 
 Generates ``--files`` × ``--file-size`` files (1,000 per directory, ``bbstage.bench``'s data
 set) owned by the test user, starts a real daemon (``tests/hookharness.py``: its own
-sockets and state, the real Lua hooks), and stages the tree with a 22.05-style blocking
-``data_in`` — the path every job takes: engine, executor, a worker process as the user.
+sockets and state, the real Lua hooks), and stages the tree with 22.05-style hooks (``setup``
+starts the copy, a blocking ``data_in`` returns at its end: the time measured) — the path
+every job takes: engine, executor, a worker process as the user.
 While it runs it samples, every ``SAMPLE_EVERY`` s, the RSS and PSS of the daemon and of
 every process under it (the forkserver and the worker), and times ``bbstage status``.
 Then it times ``cp -r`` of the same tree as root; the page cache is dropped before each
@@ -83,6 +84,20 @@ def memory(pid: int) -> tuple[int, int]:
     return rss, pss
 
 
+def high_water_marks(daemon: int) -> dict[str, int]:
+    """Each kind's peak RSS over its life so far (VmHWM, no sampling), summed per kind."""
+    marks: dict[str, int] = {}
+    for pid, kind in processes(daemon).items():
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                hwm = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM"))
+        except (OSError, StopIteration):
+            continue
+        marks[kind] = marks.get(kind, 0) + hwm
+    marks["daemon_worker"] = marks.get("daemon", 0) + marks.get("worker", 0)
+    return marks
+
+
 class Sampler:
     """Peaks of the daemon's and its processes' memory while a transfer runs: each kind's
     RSS, daemon + worker RSS (the goal's figure), and RSS and PSS summed over all of them
@@ -129,12 +144,13 @@ def stage(root: Path, data: str, files: int) -> dict:
     job = script(root / "job.sh", f"stage_in source={data} destination={dst}/")
     d = start_daemon(root / "daemon")
     try:
-        assert d.hook("slurm_bb_setup", "4242", str(uid), str(gid), "(null)", "0", job)[0] == 0
         settle("drop")
         sampler = Sampler(d.proc.pid)
         sampler.thread.start()
         status: list[float] = []
         started = time.perf_counter()
+        # On 22.05 the setup hook starts staging in at once; data_in waits for the end.
+        assert d.hook("slurm_bb_setup", "4242", str(uid), str(gid), "(null)", "0", job)[0] == 0
         hook = subprocess.Popen(
             ["lua5.1", str(REPO / "tests/lua/call_hook.lua"), str(d.etc), "slurm_bb_data_in",
              "4242", job],
@@ -151,6 +167,7 @@ def stage(root: Path, data: str, files: int) -> dict:
             except subprocess.TimeoutExpired:
                 pass
         seconds = time.perf_counter() - started
+        hwm = high_water_marks(d.proc.pid)  # the worker idles a while before it exits
         time.sleep(0.2)
         sampler.stop.set()
         sampler.thread.join()
@@ -170,6 +187,7 @@ def stage(root: Path, data: str, files: int) -> dict:
         "seconds": seconds,
         "files_per_s": files / seconds,
         "peak_mb": {k: round(v / 1e6, 1) for k, v in sampler.peak.items()},
+        "hwm_mb": {k: round(v / 1e6, 1) for k, v in hwm.items()},
         "status_s_max": max(status),
         "status_s_idle": idle_status,
     }
