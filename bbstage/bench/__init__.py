@@ -63,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
             plan=plan_sizes(args.files, args.file_size, args.total),
             repeat=max(1, args.repeat),
             baselines=not args.no_baselines,
+            peers=tuple(name for name in args.baselines.split(",") if name),
             cache=args.cache,
             keep=args.keep,
             checksum=args.checksum,

