@@ -139,13 +139,20 @@ def s3(result: dict[str, Any], plots: bool) -> list[str]:
                 f"{med:.2f} | {ratio} |"
             )
     lines += ["", "Goals (ours × = contender's time / ours):", ""]
-    tm, naive = goals.get("vs_transfermanager"), goals.get("small_vs_naive")
+    naive = goals.get("small_vs_naive")
+    peers = {"s5cmd": "s5cmd", "rclone": "rclone", "transfermanager": "TransferManager"}
     for case, c in r.items():
-        x = c["ratio_vs_transfermanager"]
-        line = f"* {case.replace('_', ' ')}: **{x:.2f}×** TransferManager"
-        if tm is not None:
-            line += f" (goal ≥ {tm}×: {'met' if x >= tm else 'NOT met'})"
-        if case.startswith("small") and naive is not None:
+        parts = []
+        for who, label in peers.items():
+            if f"ratio_vs_{who}" not in c:
+                continue
+            x, goal = c[f"ratio_vs_{who}"], goals.get(f"vs_{who}")
+            part = f"**{x:.2f}×** {label}"
+            if goal is not None:
+                part += f" (goal ≥ {goal}×: {'met' if x >= goal else 'NOT met'})"
+            parts.append(part)
+        line = f"* {case.replace('_', ' ')}: " + "; ".join(parts)
+        if case.startswith("small") and naive is not None and "ratio_vs_naive" in c:
             y = c["ratio_vs_naive"]
             line += f"; **{y:.2f}×** naive (goal ≥ {naive}×: {'met' if y >= naive else 'NOT met'})"
         lines.append(line + ".")
