@@ -5,7 +5,6 @@ cannot be; the last test is the issue's own report, two sbatch jobs on the local
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -15,31 +14,15 @@ from typing import Any
 import pytest
 import xxhash
 
-from bbstage import worker
 from bbstage.movers import MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
 from bbstage.transfer import Planned, TransferSpec
+from tests.helpers import Sink, digest, run_worker
 from tests.s3env import S3Env, s3  # noqa: F401
 
 from .conftest import USER, Cluster, as_user
 
 SMALL = {"part_size": "5M", "multipart_threshold": "8M", "max_concurrency": 4}
-
-
-class Conn:
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def send(self, event: Any) -> None:
-        self.events.append(event)
-
-
-class Sink:
-    def add(self, n: int) -> None:
-        pass
-
-    def temp(self, path: str) -> None:
-        pass
 
 
 def extra(s3: S3Env, **conf: Any) -> dict[str, Any]:
@@ -54,13 +37,7 @@ def stage(s3: S3Env, src: str, dst: str, **fields: Any) -> Planned:
     """Run a transfer as a worker does, with bbuser1's keys; its Planned event."""
     conf = {k: fields.pop(k) for k in list(fields) if k in s3m.S3Settings.__dataclass_fields__}
     spec = TransferSpec.between(src, dst, job_id="it", extra=extra(s3, **conf), **fields)
-    conn = Conn()
-    worker.run(spec, worker._Reporter(conn), threading.Event())  # type: ignore[arg-type]
-    return next(e for e in conn.events if isinstance(e, Planned))
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return next(e for e in run_worker(spec).events if isinstance(e, Planned))
 
 
 def body(s3: S3Env, bucket: str, key: str) -> bytes:
@@ -81,7 +58,7 @@ def test_same_size_changed_result_lands(s3: S3Env, tmp_path: Path, tree: bool) -
     ns = f.stat().st_mtime_ns + 1_000_000_000  # a later job's file: a later mtime
     os.utime(f, ns=(ns, ns))
     assert stage(s3, s, d) == Planned(64 << 10, 1)
-    assert sha(body(s3, bucket, "o/result.dat")) == sha(second)
+    assert digest(body(s3, bucket, "o/result.dat")) == digest(second)
     assert stage(s3, s, d) == Planned(0, 0)  # now current: a resumed transfer sends nothing
 
 
@@ -126,7 +103,7 @@ def test_checksum_both_directions(s3: S3Env, tmp_path: Path, size: int) -> None:
         dst = tmp_path / f"d{concurrency}"
         url = f"s3://{bucket}/c"
         stage(s3, url, str(dst), checksum="xxh3", download_concurrency=concurrency, **SMALL)
-        assert sha(dst.read_bytes()) == sha(data)
+        assert digest(dst.read_bytes()) == digest(data)
     # Corrupt it behind bbstage's back (same size, the old checksum kept): refused.
     bad = bytearray(data)
     bad[-1] ^= 1
@@ -185,7 +162,7 @@ def test_rgw_refuses_a_body_that_does_not_match_its_content_md5(
         failed = mover.copy_many(tasks, Sink(), threading.Event(), lambda t: None)
     mover.close()
     assert failed == {} and len(calls) >= 2  # a part is retried inside the mover
-    assert sha(body(s3, bucket, "c")) == sha(data)
+    assert digest(body(s3, bucket, "c")) == digest(data)
 
 
 @pytest.mark.cluster
@@ -213,9 +190,9 @@ head -c 65536 /dev/urandom > {fast}/result.dat
         return (fast / "result.dat").read_bytes()
 
     first = job("")
-    assert sha(body(s3, bucket, key)) == sha(first)
+    assert digest(body(s3, bucket, key)) == digest(first)
     second = job("checksum=xxh3")
     assert len(second) == len(first) and second != first
-    assert sha(body(s3, bucket, key)) == sha(second)
+    assert digest(body(s3, bucket, key)) == digest(second)
     meta = s3.client(USER).head_object(Bucket=bucket, Key=key)["Metadata"]
     assert meta["bbstage-xxh3"] == xxhash.xxh3_128(second).hexdigest()
