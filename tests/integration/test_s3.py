@@ -4,36 +4,22 @@ on the local cluster that stage from and to RGW as bbuser1 with bbuser1's own cr
 
 from __future__ import annotations
 
-import hashlib
 import os
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bbstage import worker
 from bbstage.movers import TransferError
 from bbstage.transfer import Planned, TransferSpec
+from tests.helpers import Conn, make_tree, run_worker, tree_digests
 from tests.s3env import S3Env, s3  # noqa: F401
 from tests.s3fault import FaultProxy
 
 from .conftest import OTHER, USER, Cluster, as_user
 
 SMALL = {"part_size": "5M", "multipart_threshold": "8M", "max_concurrency": 4}
-
-
-class Conn:
-    def __init__(self) -> None:
-        self.events: list[tuple[Any, ...]] = []
-
-    def send(self, event: tuple[Any, ...]) -> None:
-        self.events.append(event)
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def stage(
@@ -50,28 +36,12 @@ def stage(
             "credentials": {"key": keys.key, "secret": keys.secret},
         },
     )
-    conn = Conn()
-    worker.run(spec, worker._Reporter(conn), threading.Event())  # type: ignore[arg-type]
-    return conn
-
-
-def make_tree(root: Path, files: int, size: int) -> Path:
-    (root / "sub").mkdir(parents=True)
-    for i in range(files):
-        (root / ("sub" if i % 2 else "") / f"f{i:04}").write_bytes(os.urandom(size))
-    return root
-
-
-def same_tree(a: Path, b: Path) -> bool:
-    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-    return files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()) and all(
-        sha(a / f) == sha(b / f) for f in files
-    )
+    return run_worker(spec)
 
 
 def test_tree_small_objects_and_multipart_roundtrip(s3: S3Env, tmp_path: Path) -> None:
     bucket = s3.create_bucket(owner=USER)
-    src = make_tree(tmp_path / "src", 400, 8 << 10)
+    src = make_tree(tmp_path / "src", 400, 8 << 10, digits=4, sub="sub")
     (src / "big.dat").write_bytes(os.urandom(40 << 20))
     stage(s3, f"{src}/", f"s3://{bucket}/run/", **SMALL)
     head = s3.client(USER).head_object(Bucket=bucket, Key="run/big.dat")
@@ -82,7 +52,7 @@ def test_tree_small_objects_and_multipart_roundtrip(s3: S3Env, tmp_path: Path) -
             s3, f"s3://{bucket}/run/", f"{dst}/", download_concurrency=concurrency, **SMALL
         )
         assert Planned(400 * (8 << 10) + (40 << 20), 401) in conn.events
-        assert same_tree(src, dst)
+        assert tree_digests(dst) == tree_digests(src)
     # Everything is current now: nothing moves in either direction.
     assert Planned(0, 0) in stage(s3, f"{src}/", f"s3://{bucket}/run/").events
     assert Planned(0, 0) in stage(s3, f"s3://{bucket}/run/", f"{tmp_path}/dst1/").events
@@ -116,20 +86,20 @@ def test_errors_name_the_url_and_the_users_own_credentials_are_enforced(
         extra={"s3": {"endpoint_url": s3.endpoint}, "credentials": spec_extra},
     )
     with pytest.raises(TransferError, match="bad S3 credentials for the credentials") as e:
-        worker.run(spec, worker._Reporter(Conn()), threading.Event())  # type: ignore[arg-type]
+        run_worker(spec)
     assert e.value.permanent and "SignatureDoesNotMatch" in str(e.value)
 
 
 def test_slowdown_and_dropped_connections_are_retried(s3: S3Env, tmp_path: Path) -> None:
     bucket = s3.create_bucket(owner=USER)
-    src = make_tree(tmp_path / "src", 60, 64 << 10)
+    src = make_tree(tmp_path / "src", 60, 64 << 10, digits=4, sub="sub")
     (src / "big.dat").write_bytes(os.urandom(24 << 20))
     with FaultProxy(s3.endpoint, slowdown=0.15, drop=0.1, truncate=0.05, seed=7) as proxy:
         stage(s3, f"{src}/", f"s3://{bucket}/f/", endpoint=proxy.url, retries=5, **SMALL)
         dst = tmp_path / "dst"
         stage(s3, f"s3://{bucket}/f/", f"{dst}/", endpoint=proxy.url, retries=5, **SMALL)
     assert proxy.stats.faults > 5
-    assert same_tree(src, dst)
+    assert tree_digests(dst) == tree_digests(src)
     assert s3.client(USER).list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
 
