@@ -5,6 +5,9 @@ administrator mapped to the user, endpoint/region/addressing from ``[s3]``); the
 our own asyncio code on that client, because batching and concurrency are where the speed is:
 
 * many objects at once: ``copy_many`` keeps ``files_in_flight`` objects moving in one event loop;
+* small objects (up to ``fast.FAST_MAX``, without ``checksum=``): one GET or PUT through
+  obstore (Rust), a third of botocore's client CPU per request, same client settings and the
+  credentials botocore resolved (``fast``);
 * big uploads: multipart, ``part_size`` parts, at most ``max_concurrency`` parts in flight per
   transfer (which also bounds memory), aborted on any failure or cancel;
 * big downloads: one streamed GET (resumed with a ranged GET after a dropped connection), or
@@ -16,7 +19,7 @@ dropped connections are transient (retried by the worker), the rest are permanen
 
 Modules, by concern: ``settings`` (``[s3]`` and mapped credentials: what the daemon reads),
 ``errors`` (URLs, error translation), ``common`` (the mover base both directions share),
-``download`` (``S3Download``), ``upload`` (``S3Upload``).
+``download`` (``S3Download``), ``upload`` (``S3Upload``), ``fast`` (small objects via obstore).
 """
 
 from bbstage.movers.implementations.s3.common import MTIME_KEY, checksum_key

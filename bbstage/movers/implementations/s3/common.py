@@ -17,6 +17,7 @@ from bbstage.movers.base import (
     TransferError,
 )
 from bbstage.movers.implementations.s3.errors import S3Error, _user, translate
+from bbstage.movers.implementations.s3.fast import FastS3, is_obstore_error, translate_obstore
 from bbstage.movers.implementations.s3.settings import S3Settings
 
 T = TypeVar("T")
@@ -55,6 +56,7 @@ class _S3Mover(Mover):
         self._fs: Any = None
         self._client: Any = None
         self._part_slots: asyncio.Semaphore | None = None
+        self.fast: FastS3 | None = None  # small whole-object GETs/PUTs (s3/fast.py)
 
     # The filesystem and client are built lazily, on the loop, in the worker's identity.
     def _filesystem(self) -> Any:
@@ -67,6 +69,10 @@ class _S3Mover(Mover):
             self._client = await self._filesystem().set_session()
             self.endpoint = self._client.meta.endpoint_url
             self._part_slots = asyncio.Semaphore(self.settings.max_concurrency)
+            if FastS3.available(self.settings):
+                creds = self._creds if not self.profile else None
+                session = self._filesystem().session
+                self.fast = FastS3(self._client, session, creds, self.settings)
         return self._client
 
     def _run(self, make: Callable[[], Awaitable[T]], cancel: threading.Event | None = None) -> T:
@@ -97,6 +103,9 @@ class _S3Mover(Mover):
             raise self._error(exc, self.url) from None
 
     def _error(self, exc: BaseException, url: str) -> TransferError:
+        if is_obstore_error(exc):
+            where = self.endpoint or "the default AWS endpoint"
+            return translate_obstore(exc, url, self.who, where)
         return translate(exc, url, self.who, self.endpoint)
 
     async def _retry(self, what: str, make: Callable[[], Awaitable[T]]) -> T:

@@ -22,6 +22,7 @@ from bbstage.movers.implementations.s3.common import (
     checksum_key,
 )
 from bbstage.movers.implementations.s3.errors import _DENIED, _NOT_FOUND, S3Error, split_url
+from bbstage.movers.implementations.s3.fast import FAST_MAX
 
 
 @dataclass
@@ -213,6 +214,10 @@ class S3Upload(_S3Mover):
             meta[checksum_key(self.checksum)] = digest.hexdigest()
             md5 = hashlib.md5(data).digest()
             extra["ContentMD5"] = base64.b64encode(md5).decode()
+        if self.fast is not None and not self.checksum and task.size <= FAST_MAX:
+            fast = self.fast
+            await self._retry(task.dst, lambda: fast.put(bucket, key, data, meta))
+            return
         resp = await s3.put_object(
             Bucket=bucket, Key=key, Body=data, ContentLength=task.size, Metadata=meta, **extra
         )

@@ -1,0 +1,112 @@
+"""Small objects through obstore (s3/fast.py) against moto's server: they do go that way, carry
+the same metadata as botocore's PUTs (so a re-run skips them), survive throttling and cut
+connections (tests/s3fault.py), and ``checksum=`` keeps them on botocore (Content-MD5, ETag)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from bbstage.movers.implementations.s3 import MTIME_KEY, fast
+from bbstage.transfer import Planned, TransferSpec
+from tests.helpers import Conn, make_tree, run_worker, tree_digests
+from tests.s3fault import FaultProxy
+
+pytest.importorskip("obstore")
+CREDS = {"key": "testing", "secret": "testing"}
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def client(endpoint: str) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+@pytest.fixture
+def bucket(client: Any) -> str:
+    name = f"bkt-{uuid.uuid4().hex[:10]}"
+    client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many GETs and PUTs went through obstore."""
+    counted = {"get": 0, "put": 0}
+    for name in counted:
+        real = getattr(fast.FastS3, name)
+
+        def spy(self: Any, *args: Any, _real: Any = real, _name: str = name) -> Any:
+            counted[_name] += 1
+            return _real(self, *args)
+
+        monkeypatch.setattr(fast.FastS3, name, spy)
+    return counted
+
+
+def stage(src: str, dst: str, endpoint: str, checksum: str = "none") -> Conn:
+    extra = {"s3": {"endpoint_url": endpoint}, "credentials": CREDS}
+    spec = TransferSpec.between(src, dst, job_id="f", checksum=checksum, extra=extra)
+    return run_worker(spec)
+
+
+def test_small_objects_go_through_obstore_with_bbstage_metadata(
+    tmp_path: Path, endpoint: str, client: Any, bucket: str, calls: dict[str, int]
+) -> None:
+    src = make_tree(tmp_path / "src", 30, 5000, sub="sub")
+    stage(f"{src}/", f"s3://{bucket}/t/", endpoint)
+    assert calls == {"get": 0, "put": 30}
+    some = sorted(p for p in src.rglob("*") if p.is_file())[0]
+    head = client.head_object(Bucket=bucket, Key=f"t/{some.relative_to(src)}")
+    assert head["Metadata"][MTIME_KEY] == str(some.stat().st_mtime_ns)
+    dst = tmp_path / "dst"
+    stage(f"s3://{bucket}/t/", f"{dst}/", endpoint)
+    assert calls == {"get": 30, "put": 30}
+    assert tree_digests(dst) == tree_digests(src)
+    # The metadata makes a re-run skip every object, both ways.
+    assert Planned(0, 0) in stage(f"{src}/", f"s3://{bucket}/t/", endpoint).events
+    assert Planned(0, 0) in stage(f"s3://{bucket}/t/", f"{dst}/", endpoint).events
+
+
+def test_throttled_dropped_and_cut_requests_are_retried(
+    tmp_path: Path, endpoint: str, bucket: str, calls: dict[str, int]
+) -> None:
+    src = make_tree(tmp_path / "src", 40, 20000)
+    dst = tmp_path / "dst"
+    with FaultProxy(endpoint, slowdown=0.1, drop=0.1, truncate=0.1, seed=5) as proxy:
+        stage(f"{src}/", f"s3://{bucket}/t/", proxy.url)
+        stage(f"s3://{bucket}/t/", f"{dst}/", proxy.url)
+    assert proxy.stats.faults > 0 and calls["get"] >= 40 and calls["put"] >= 40
+    assert tree_digests(dst) == tree_digests(src)
+
+
+def test_checksum_keeps_small_objects_on_botocore(
+    tmp_path: Path, endpoint: str, client: Any, bucket: str, calls: dict[str, int]
+) -> None:
+    src = tmp_path / "f"
+    src.write_bytes(os.urandom(10000))
+    stage(str(src), f"s3://{bucket}/f", endpoint, checksum="xxh3")
+    stage(f"s3://{bucket}/f", str(tmp_path / "g"), endpoint, checksum="xxh3")
+    assert calls == {"get": 0, "put": 0}
+    assert (tmp_path / "g").read_bytes() == src.read_bytes()
