@@ -23,7 +23,7 @@ end
 local function module(name)
 	local base = HERE .. "bbstage/" .. name
 	local chunk = loadfile(base .. ".luac") or assert(loadfile(base .. ".lua"))
-	return chunk()
+	return chunk(module) -- a module may load its own (hooks.lua uses directives.lua)
 end
 
 -- A task split off a job array, with its own id (24.05+ say so in job_info): the array's id.

@@ -159,26 +159,35 @@ local function tokenize(s)
 	end
 end
 
--- The first byte of s that is not part of a valid UTF-8 sequence (RFC 3629, as Python's
--- strict decoder), or nil.
+-- Length of the valid UTF-8 sequence that starts at s[i] (a byte >= 0x80), or nil. Valid is
+-- RFC 3629, as Python's strict decoder: no overlong forms, surrogates or values > U+10FFFF.
+-- (hooks.lua escapes by the same rule.)
+local function utf8_len(s, i)
+	local c, n, lo, hi = byte(s, i), 3, 0x80, 0xBF
+	if c >= 0xC2 and c <= 0xDF then n = 2
+	elseif c == 0xE0 then lo = 0xA0
+	elseif c == 0xED then hi = 0x9F
+	elseif c >= 0xE1 and c <= 0xEF then n = 3
+	elseif c == 0xF0 then n, lo = 4, 0x90
+	elseif c >= 0xF1 and c <= 0xF3 then n = 4
+	elseif c == 0xF4 then n, hi = 4, 0x8F
+	else return nil end
+	local b = byte(s, i + 1)
+	if not b or b < lo or b > hi then return nil end
+	for k = i + 2, i + n - 1 do
+		b = byte(s, k)
+		if not b or b < 0x80 or b > 0xBF then return nil end
+	end
+	return n
+end
+M.utf8_len = utf8_len
+
+-- The first byte of s that is not part of a valid UTF-8 sequence, or nil.
 local function non_utf8(s)
 	local i = find(s, "[\128-\255]")
 	while i do
-		local c, n, lo, hi = byte(s, i), 3, 128, 191
-		if c >= 194 and c <= 223 then n = 2
-		elseif c == 224 then lo = 160
-		elseif c == 237 then hi = 159
-		elseif c >= 225 and c <= 239 then n = 3
-		elseif c == 240 then n, lo = 4, 144
-		elseif c >= 241 and c <= 243 then n = 4
-		elseif c == 244 then n, hi = 4, 143
-		else return c end
-		local b = byte(s, i + 1)
-		if not b or b < lo or b > hi then return c end
-		for k = i + 2, i + n - 1 do
-			b = byte(s, k)
-			if not b or b < 128 or b > 191 then return c end
-		end
+		local n = utf8_len(s, i)
+		if not n then return byte(s, i) end
 		i = find(s, "[\128-\255]", i + n)
 	end
 end

@@ -15,26 +15,12 @@ local CONNECT_GRACE = 3
 local byte, find, format, gsub, sub = string.byte, string.find, string.format, string.gsub,
 	string.sub
 
--- Length of the valid UTF-8 sequence that starts at s[i] (a byte >= 0x80), or nil. Valid is
--- RFC 3629, as Python's strict decoder: no overlong forms, surrogates or values > U+10FFFF.
-local function utf8_len(s, i)
-	local c, n, lo, hi = byte(s, i), 3, 0x80, 0xBF
-	if c >= 0xC2 and c <= 0xDF then n = 2
-	elseif c == 0xE0 then lo = 0xA0
-	elseif c == 0xED then hi = 0x9F
-	elseif c >= 0xE1 and c <= 0xEF then n = 3
-	elseif c == 0xF0 then n, lo = 4, 0x90
-	elseif c >= 0xF1 and c <= 0xF3 then n = 4
-	elseif c == 0xF4 then n, hi = 4, 0x8F
-	else return nil end
-	local b = byte(s, i + 1)
-	if not b or b < lo or b > hi then return nil end
-	for k = i + 2, i + n - 1 do
-		b = byte(s, k)
-		if not b or b < 0x80 or b > 0xBF then return nil end
-	end
-	return n
+-- The UTF-8 rule of the directive grammar (RFC 3629, as Python's strict decoder).
+-- burst_buffer.lua passes its module loader; require serves the standalone tests.
+local load_module = type((...)) == "function" and (...) or function(name)
+	return require("bbstage." .. name)
 end
+local utf8_len = load_module("directives").utf8_len
 
 -- JSON escapes: control characters, quote and backslash; bytes >= 0x80 that are not UTF-8.
 local CTRL = { ['"'] = "\\u0022", ["\\"] = "\\u005c", ["\127"] = "\\u007f" }
