@@ -2,7 +2,7 @@
 with ``tests/s3fault.py`` in front of it for cut and failed ranges: the parts land at their
 offsets of one temporary file (bytes hashed), a cut range resumes where it stopped, a range
 that keeps failing leaves nothing under the final name, and no attempt trusts another's
-temporary file."""
+temporary file. Each through botocore's streamed ranges and through obstore's (s3/fast.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from bbstage.movers import TransferError
-from bbstage.movers.implementations.s3 import download
+from bbstage.movers.implementations.s3 import download, fast
 from bbstage.transfer import TransferSpec
 from tests.helpers import Conn, file_digest, run_worker
 from tests.s3fault import FaultProxy
@@ -59,17 +59,36 @@ def fetch(url: str, dst: Path, endpoint: str, **s3: Any) -> Conn:
     return run_worker(TransferSpec.between(url, str(dst), job_id="r", extra=extra))
 
 
+@pytest.fixture(autouse=True, params=["botocore", "obstore"])
+def client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which client fetches the ranges."""
+    if request.param == "botocore":
+        monkeypatch.setattr(fast.FastS3, "available", staticmethod(lambda settings: False))
+    else:
+        pytest.importorskip("obstore")
+    return str(request.param)
+
+
 @pytest.fixture
-def ranges(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+def ranges(monkeypatch: pytest.MonkeyPatch, client: str) -> list[tuple[int, int]]:
     """The (offset, count) of every range the download asked for."""
     asked: list[tuple[int, int]] = []
-    real = download.S3Download._get_range
+    if client == "botocore":
+        real = download.S3Download._get_range
 
-    async def spy(self: Any, s3: Any, task: Any, fd: int, offset: int, count: int, *a, **k):  # type: ignore[no-untyped-def]
-        asked.append((offset, count))
-        return await real(self, s3, task, fd, offset, count, *a, **k)
+        async def spy(self: Any, s3: Any, task: Any, fd: int, offset: int, count: int, *a, **k):  # type: ignore[no-untyped-def]
+            asked.append((offset, count))
+            return await real(self, s3, task, fd, offset, count, *a, **k)
 
-    monkeypatch.setattr(download.S3Download, "_get_range", spy)
+        monkeypatch.setattr(download.S3Download, "_get_range", spy)
+    else:
+        real_fast = fast.FastS3.get_range
+
+        async def spy_fast(self: Any, bucket: str, key: str, start: int, end: int) -> Any:
+            asked.append((start, end - start))
+            return await real_fast(self, bucket, key, start, end)
+
+        monkeypatch.setattr(fast.FastS3, "get_range", spy_fast)
     return asked
 
 
@@ -121,3 +140,27 @@ def test_a_new_attempt_does_not_trust_an_old_attempts_temporary_file(
     fetch(f"s3://{bucket}/big", dst, endpoint, download_concurrency=4)
     assert file_digest(dst) == file_digest(src)
     assert stale.read_bytes() == b"\0" * SIZE
+
+
+def test_ranges_of_a_replaced_object_are_refused(
+    tmp_path: Path,
+    endpoint: str,
+    big: tuple[str, Path],
+    client: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ranges that come from two versions of the object (another ETag) never make a file."""
+    if client != "obstore":
+        pytest.skip("botocore's ranges: _note, covered by tests/unit/test_s3_mover.py")
+    real = fast.FastS3.get_range
+
+    async def replaced(self: Any, bucket: str, key: str, start: int, end: int) -> Any:
+        data, etag = await real(self, bucket, key, start, end)
+        return data, etag if start == 0 else '"another"'
+
+    monkeypatch.setattr(fast.FastS3, "get_range", replaced)
+    bucket, _ = big
+    dst = tmp_path / "copy"
+    with pytest.raises(TransferError, match="changed while staging"):
+        fetch(f"s3://{bucket}/big", dst, endpoint, download_concurrency=4)
+    assert list(tmp_path.iterdir()) == []

@@ -185,8 +185,7 @@ class S3Download(_S3Mover):
                 f"{task.src} changed while staging: it has {len(data)} bytes, {task.size} when"
                 " planned (requeue the job to stage the new one)"
             )
-        if data:
-            _pwrite(fd, data, 0)
+        _write_all(fd, data, 0, task)
         progress.add(len(data))
 
     def _note(self, task: FileTask, resp: dict[str, Any], seen: dict[str, Any]) -> None:
@@ -234,11 +233,35 @@ class S3Download(_S3Mover):
         async def part(offset: int) -> None:
             async with slots:
                 n = min(step, task.size - offset)
-                await self._get_range(s3, task, fd, offset, n, progress, seen)
+                if self.fast is not None and not self.checksum:
+                    await self._get_range_fast(task, fd, offset, n, progress, seen)
+                else:
+                    await self._get_range(s3, task, fd, offset, n, progress, seen)
 
         await _first_failure(
             [asyncio.ensure_future(part(off)) for off in range(0, task.size, step)]
         )
+
+    async def _get_range_fast(
+        self, task: FileTask, fd: int, offset: int, count: int, progress: _Counted, seen: dict
+    ) -> None:
+        """One range through obstore (s3/fast.py): its bytes go to the file as they came,
+        without a copy in Python; every range must come from the same object (ETag)."""
+        assert self.fast is not None
+        fast = self.fast
+        bucket, key = split_url(task.src)
+        data, etag = await self._retry(
+            task.src, lambda: fast.get_range(bucket, key, offset, offset + count)
+        )
+        if seen.setdefault("etag", etag) != etag:
+            raise TransferError(
+                f"{task.src} changed while staging (its ETag changed between requests)",
+                permanent=False,
+            )
+        if len(data) != count:
+            raise TransferError(f"{task.src}: short read at byte {offset}", permanent=False)
+        _write_all(fd, data, offset, task)
+        progress.add(count)
 
     async def _get_range(
         self,
@@ -304,9 +327,19 @@ class _LocalError(Exception):
         self.error = error
 
 
-def _pwrite(fd: int, data: bytes, offset: int) -> None:
+def _write_all(fd: int, data: Any, offset: int, task: FileTask) -> None:
+    """All of ``data`` (a buffer) at ``offset``; a local error names the destination."""
+    view, written = memoryview(data), 0
     try:
-        os.pwrite(fd, data, offset)
+        while written < len(view):  # pwrite may write less than asked
+            written += os.pwrite(fd, view[written:], offset + written)
+    except OSError as exc:
+        raise os_error(exc, task.dst) from None
+
+
+def _pwrite(fd: int, data: bytes | memoryview, offset: int) -> int:
+    try:
+        return os.pwrite(fd, data, offset)
     except OSError as exc:
         raise _LocalError(exc) from None
 

@@ -106,6 +106,17 @@ class FastS3:
         except Exception as exc:
             raise ObstoreError(exc) from exc
 
+    async def get_range(self, bucket: str, key: str, start: int, end: int) -> tuple[Any, str]:
+        """Bytes ``start``..``end - 1`` (a buffer, not copied) and the object's ETag."""
+        import obstore
+
+        store = await self.store(bucket)
+        try:
+            result = await obstore.get_async(store, key, options={"range": (start, end)})
+            return await result.bytes_async(), str(result.meta.get("e_tag"))
+        except Exception as exc:
+            raise ObstoreError(exc) from exc
+
 
 class ObstoreError(Exception):
     """What obstore raised (it raises builtins such as FileNotFoundError for a missing object
