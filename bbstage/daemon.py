@@ -65,6 +65,7 @@ async def _main(config: Config) -> int:
     else:
         executor = TransferExecutor(config.transfers)
     engine = Engine(config, store, executor)
+    engine.subscribe(metrics.observe)
     server = Server(engine)
     await server.start()
     metrics.serve(config, store, executor, config.metrics_address)

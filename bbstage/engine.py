@@ -15,8 +15,9 @@ from typing import Any, cast
 
 import structlog
 
-from bbstage import directives, metrics, report, scratch, slurmdirs, staged
+from bbstage import directives, report, scratch, slurmdirs, staged
 from bbstage.config import Config
+from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
 from bbstage.movers import Cancelled, TransferError
@@ -53,6 +54,7 @@ class Engine:
         self._final: set[tuple[str, int]] = set()  # their walk ended: the counts are the plan
         self._attempts: dict[tuple[str, int], int] = {}
         self._stopping = False
+        self._listeners: list[Callable[[EngineEvent], None]] = []
         self._ops: dict[str, Callable[[Request], Awaitable[Reply]]] = {
             "setup": self.setup,
             "data_in": self.data_in,
@@ -74,6 +76,7 @@ class Engine:
             reply = await self._ops[request.op](request)
         except (ValueError, IdentityError) as exc:
             reply = Reply.error(str(exc))
+        seconds = time.perf_counter() - started
         log.info(
             "hook",
             hook=request.op,
@@ -81,10 +84,21 @@ class Engine:
             uid=request.get("uid"),
             status=reply.status,
             message=reply.message,
-            ms=round((time.perf_counter() - started) * 1000, 2),
+            ms=round(seconds * 1000, 2),
         )
-        metrics.HOOKS.labels(request.op, reply.status).inc()
+        self._emit(HookAnswered(request.op, reply.status, seconds))
         return reply
+
+    def subscribe(self, listener: Callable[[EngineEvent], None]) -> None:
+        """Call ``listener`` with every event from now on (bbstage/events.py)."""
+        self._listeners.append(listener)
+
+    def _emit(self, event: EngineEvent) -> None:
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # a subscriber's bug must not change what the engine does
+                log.exception("event listener failed", listener=repr(listener))
 
     async def stop(self) -> None:
         """Stop every transfer for a shutdown. What they stopped in the middle stays
@@ -387,6 +401,7 @@ class Engine:
         if exc is None:
             state = DONE
             self._attempts.pop(key, None)
+            counts |= {"bytes_done": done.bytes, "files_done": done.files}  # the manifest's
             self.store.set_directive(job_id, d.idx, state=DONE, finished=now, **counts)
             log.info("transfer done", job_id=job_id, directive=d.idx)
         else:
@@ -411,7 +426,7 @@ class Engine:
         if row is not None:
             direction = "in" if d.verb == "stage_in" else "out"
             elapsed = now - (row.started or now)
-            metrics.transfer_finished(direction, state, elapsed, row.bytes_done, row.files_done)
+            self._emit(TransferEnded(direction, state, elapsed, row.bytes_done, row.files_done))
         self._settle(job, d.verb)
 
     def _settle(self, job: JobRow | None, verb: str) -> None:

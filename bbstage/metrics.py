@@ -1,7 +1,8 @@
 """Prometheus metrics (prometheus_client), served on loopback by default.
 
-Counters and histograms are updated as transfers finish; gauges that describe the current
-state (pools, jobs, queue depth) are read from the store and the executor at scrape time.
+Counters and histograms count the engine's events (``observe``, which the daemon subscribes);
+gauges that describe the current state (pools, jobs, queue depth) are read from the store and
+the executor at scrape time.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from bbstage import report
 from bbstage.config import Config
+from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.state import Store
 
 log = structlog.get_logger("bbstage.metrics")
@@ -85,11 +87,13 @@ def serve(config: Config, store: Store, executor: Queue, address: str) -> None:
         log.error("metrics endpoint not started", address=address, error=str(exc))
 
 
-def transfer_finished(
-    direction: str, outcome: str, seconds: float, nbytes: int, files: int
-) -> None:
-    TRANSFERS.labels(direction, outcome).inc()
-    DURATION.labels(direction).observe(seconds)
-    if outcome == "done":
-        BYTES.labels(direction).inc(nbytes)
-        FILES.labels(direction).inc(files)
+def observe(event: EngineEvent) -> None:
+    """Count one engine event (the daemon subscribes this to the engine)."""
+    if isinstance(event, HookAnswered):
+        HOOKS.labels(event.op, event.status).inc()
+    elif isinstance(event, TransferEnded):
+        TRANSFERS.labels(event.direction, event.outcome).inc()
+        DURATION.labels(event.direction).observe(event.seconds)
+        if event.outcome == "done":
+            BYTES.labels(event.direction).inc(event.bytes)
+            FILES.labels(event.direction).inc(event.files)

@@ -16,6 +16,7 @@ import pytest
 
 from bbstage.config import Config, Pool
 from bbstage.engine import Engine
+from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.movers import Cancelled, TransferError
 from bbstage.protocol import Request
 from bbstage.state import Store
@@ -248,3 +249,25 @@ def test_purge_never_removes_the_scratch_of_a_recovered_job(engine: Engine) -> N
     asyncio.run(engine.purge_expired())
     assert engine.store.job("13") is None
     assert (Path(job.scratch) / "out.dat").read_text() == "kept"
+
+
+def test_subscribers_hear_hooks_and_ended_transfers_and_a_broken_one_changes_nothing(
+    engine: Engine,
+) -> None:
+    heard: list[EngineEvent] = []
+
+    def broken(event: EngineEvent) -> None:
+        raise RuntimeError("a subscriber's bug")
+
+    engine.subscribe(broken)
+    engine.subscribe(heard.append)
+    setup(engine, "9", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(300, 3), Done(300, 3)))
+    assert ask(engine, "data_in", job_id="9") == ("ok", "")
+    assert states(engine, "9") == ["done"]
+    assert [(e.op, e.status) for e in heard if isinstance(e, HookAnswered)] == [
+        ("setup", "ok"),
+        ("data_in", "ok"),
+    ]
+    ended = [e for e in heard if isinstance(e, TransferEnded)]
+    assert [(e.direction, e.outcome, e.bytes, e.files) for e in ended] == [("in", "done", 300, 3)]
