@@ -209,7 +209,8 @@ class DaskExecutor:
         if not isinstance(msg, dict):
             return
         node = msg.get("node")
-        event = remote.from_json({k: v for k, v in msg.items() if k != "node"})
+        # "worker" is added by Dask's log_event, "node" by run_attempt.
+        event = remote.from_json({k: v for k, v in msg.items() if k not in ("node", "worker")})
         with self._lock:
             if attempt.finished or not isinstance(event, Planned | Moved):
                 return

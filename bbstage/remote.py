@@ -148,9 +148,11 @@ def run_child(
     child.stdin.close()
     stopped = threading.Event()
     finished = threading.Event()
+    progress = _Progress(send)
 
     def watch() -> None:
         while not finished.wait(POLL_EVERY):
+            progress.tick()
             try:
                 stop = cancelled()
             except Exception as exc:  # the scheduler is unreachable: keep copying, ask again
@@ -166,8 +168,6 @@ def run_child(
     temps: set[str] = set()
     planned: Planned | None = None
     outcome: Done | Failed | None = None
-    last: Moved | None = None
-    sent = 0.0
     try:
         for line in child.stdout:
             try:
@@ -186,10 +186,7 @@ def run_child(
                 planned = event
                 send(event)
             elif isinstance(event, Moved):
-                last = event
-                if time.monotonic() - sent >= FORWARD_EVERY:
-                    send(event)
-                    sent, last = time.monotonic(), None
+                progress.offer(event)
     finally:
         finished.set()
         watcher.join()
@@ -199,8 +196,7 @@ def run_child(
             pass
         kill_group(child)
         child.stdout.close()
-    if last is not None:
-        send(last)
+    progress.tick(force=True)
     if stopped.is_set():
         outcome = Failed("cancelled", permanent=True)
     elif outcome is None:
@@ -208,6 +204,29 @@ def run_child(
     if not isinstance(outcome, Done):
         cleanup(sorted(temps), identity)
     return outcome, planned
+
+
+class _Progress:
+    """``Moved`` events coalesced: one sent at most every ``FORWARD_EVERY`` s, and a held
+    one sent by ``tick`` (the watcher's, every ``POLL_EVERY`` s) once it is due."""
+
+    def __init__(self, send: Any) -> None:
+        self._send, self._lock = send, threading.Lock()
+        self._held: Moved | None = None
+        self._sent = 0.0
+
+    def offer(self, event: Moved) -> None:
+        with self._lock:
+            self._held = event
+        self.tick()
+
+    def tick(self, force: bool = False) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if self._held is None or (not force and now - self._sent < FORWARD_EVERY):
+                return
+            event, self._held, self._sent = self._held, None, now
+        self._send(event)
 
 
 def kill_group(child: subprocess.Popen[bytes]) -> None:

@@ -141,6 +141,30 @@ def test_a_node_that_does_not_know_the_uid_refuses(area: Path, executor: DaskExe
     assert not (area / "out").exists()
 
 
+def test_progress_reaches_the_daemon_at_least_once_a_second(
+    area: Path, executor: DaskExecutor
+) -> None:
+    tree = area / "tree"
+    tree.mkdir()
+    for i in range(5000):  # many files: the mover reports progress file by file
+        with open(tree / f"f{i:05}", "wb") as f:
+            f.truncate(1 << 20)
+    os.system(f"chmod -R a+rX {tree}")
+    arrivals: list[tuple[float, Any]] = []
+    future = executor.submit(
+        "6:0",
+        TransferSpec.between(f"{tree}/", f"{area}/copy/", threads=1),
+        NOBODY,
+        lambda event: arrivals.append((time.monotonic(), event)),
+    )
+    started = time.monotonic()
+    future.result(timeout=120)
+    assert time.monotonic() - started > 2, "copied too fast to show anything"
+    moved = [t for t, e in arrivals if isinstance(e, Moved)]
+    assert len(moved) >= 3, arrivals
+    assert max(b - a for a, b in zip(moved, moved[1:], strict=False)) <= 1.0, moved
+
+
 def test_cancel_kills_the_remote_copy_and_its_temporary_file_within_2s(
     area: Path, executor: DaskExecutor
 ) -> None:
@@ -149,7 +173,8 @@ def test_cancel_kills_the_remote_copy_and_its_temporary_file_within_2s(
     future = executor.submit(
         "4:0", TransferSpec.between(str(big), str(area / "out")), NOBODY, events.append
     )
-    wait_until(lambda: partial(area), 60, "the copy's temporary file")
+    wait_until(lambda: [e for e in events if isinstance(e, Moved)], 60, "the copy's progress")
+    assert partial(area), "no temporary file"
     assert children(NOBODY.uid), "no child process copies as the user"
     started = time.monotonic()
     executor.cancel("4:0")
