@@ -59,7 +59,14 @@ async def _main(config: Config) -> int:
     store = Store(config.state_dir / "state.db")
     executor: TransferExecutor
     if config.movers.engine == "dask":
-        from bbstage.dask_executor import DaskExecutor  # distributed: only when configured
+        try:
+            import distributed  # noqa: F401  (only when configured)
+        except ImportError:
+            message = '[movers] engine = "dask" needs distributed: pip install "bbstage[dask]"'
+            log.error("not started", reason=message)
+            print(f"bbstage daemon: {message}", file=sys.stderr)
+            return 1
+        from bbstage.dask_executor import DaskExecutor
 
         executor = DaskExecutor(config.movers, config.transfers)  # type: ignore[assignment]
     else:
