@@ -110,3 +110,22 @@ def test_checksum_keeps_small_objects_on_botocore(
     stage(f"s3://{bucket}/f", str(tmp_path / "g"), endpoint, checksum="xxh3")
     assert calls == {"get": 0, "put": 0}
     assert (tmp_path / "g").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "style", "used"),
+    [
+        ("http://127.0.0.1:7480", None, True),
+        ("https://s3.example.org", "path", True),
+        ("https://s3.example.org", "virtual", False),
+        ("https://s3.us-east-1.amazonaws.com", None, False),
+        ("https://s3.amazonaws.com", "path", False),
+    ],
+)
+def test_obstore_only_for_a_sites_own_endpoint_with_path_addressing(
+    endpoint: str, style: str | None, used: bool
+) -> None:
+    from bbstage.movers.implementations.s3 import S3Settings
+
+    settings = S3Settings.from_config({"addressing_style": style} if style else {})
+    assert fast.FastS3.available(settings, endpoint) is used

@@ -63,7 +63,9 @@ def fetch(url: str, dst: Path, endpoint: str, **s3: Any) -> Conn:
 def client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Which client fetches the ranges."""
     if request.param == "botocore":
-        monkeypatch.setattr(fast.FastS3, "available", staticmethod(lambda settings: False))
+        monkeypatch.setattr(
+            fast.FastS3, "available", staticmethod(lambda settings, endpoint: False)
+        )
     else:
         pytest.importorskip("obstore")
     return str(request.param)

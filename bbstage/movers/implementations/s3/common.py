@@ -69,7 +69,7 @@ class _S3Mover(Mover):
             self._client = await self._filesystem().set_session()
             self.endpoint = self._client.meta.endpoint_url
             self._part_slots = asyncio.Semaphore(self.settings.max_concurrency)
-            if FastS3.available(self.settings):
+            if FastS3.available(self.settings, self.endpoint or ""):
                 creds = self._creds if not self.profile else None
                 session = self._filesystem().session
                 self.fast = FastS3(self._client, session, creds, self.settings)

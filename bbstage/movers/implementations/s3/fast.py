@@ -5,7 +5,7 @@ CPU is throughput. Only whole-object GETs and PUTs without ``checksum=`` go this
 ranged GETs stay botocore's too. Same endpoint, region, addressing, TLS settings and the very
 credentials the botocore client resolved (the user's profile or mapped keys), re-read before
 every request so that refreshed temporary credentials are used. Without obstore installed,
-or with settings it cannot mirror, the movers use botocore for everything.
+against AWS itself, or with virtual-hosted addressing, the movers use botocore for everything.
 """
 
 from __future__ import annotations
@@ -32,12 +32,15 @@ class FastS3:
         self._stores: dict[str, tuple[tuple[str, str, str | None], Any]] = {}
 
     @staticmethod
-    def available(settings: S3Settings) -> bool:
+    def available(settings: S3Settings, endpoint: str) -> bool:
+        """obstore installed, and a site's own endpoint with path-style addressing (AWS itself
+        stays on botocore, which follows its region redirects and virtual-hosted names)."""
         try:
             import obstore  # noqa: F401
         except ImportError:
             return False
-        return settings.addressing_style != "virtual"
+        host = endpoint.split("://", 1)[-1].split("/", 1)[0]
+        return settings.addressing_style != "virtual" and not host.endswith(".amazonaws.com")
 
     async def _credentials(self) -> tuple[str, str, str | None]:
         if self._static:
