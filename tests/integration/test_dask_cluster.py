@@ -8,6 +8,7 @@ The module switches the shared 22.05 cluster's daemon to ``engine = "dask"`` (``
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -52,6 +53,13 @@ def cluster() -> Iterator[Cluster]:
     """The 22.05 cluster with its daemon on the Dask engine; the local engine again after."""
     try:
         env = _up("--movers", str(WORKERS))
+        movers = subprocess.run(
+            [str(REPO / "scripts" / "local-movers"), "env"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        env.update(re.findall(r"export (\w+)=(\S+)", movers.stdout))
         conf = Path(env["BBSTAGE_CONFIG"]).read_text()
         assert 'engine = "dask"' in conf, conf
         yield Cluster(env, Path(env["BBSTAGE_CLUSTER_DIR"]), "22.05")
@@ -59,8 +67,18 @@ def cluster() -> Iterator[Cluster]:
         _up()  # the cluster is shared: back to the local engine
 
 
-def daemon_log(cluster: Cluster) -> str:
-    return (cluster.dir / "log" / "bbstage.log").read_text(errors="replace")
+def ended(cluster: Cluster, job: str) -> list[dict[str, str]]:
+    """The daemon's "transfer ended" records (JSON lines) of the job's Dask attempts."""
+    found = []
+    for line in (cluster.dir / "log" / "bbstage.log").read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        attempt = record.get("attempt", "")
+        if record.get("event") == "transfer ended" and attempt.startswith(f"{job}:"):
+            found.append(record)
+    return found
 
 
 def copies(uid: int) -> list[int]:
@@ -88,7 +106,6 @@ def test_a_tree_is_staged_in_and_out_through_dask_as_the_user(
     src = make_tree(workdir / "src", 40, 256 << 10, sub="deeper")
     as_user(workdir)
     inside, back = workdir / "in", workdir / "back"
-    before = len(re.findall(r"transfer ended .*node=dtn", daemon_log(cluster)))
     job = cluster.submit(
         workdir,
         "#!/bin/bash\n"
@@ -105,8 +122,9 @@ def test_a_tree_is_staged_in_and_out_through_dask_as_the_user(
     for path in [*inside.rglob("*"), *back.rglob("*")]:
         assert path.lstat().st_uid == uid, path
     # Both directives ran as Dask tasks on the transfer nodes, not in local workers.
-    ended = re.findall(r"transfer ended .*node=dtn", daemon_log(cluster))
-    assert len(ended) >= before + 2
+    nodes = {e["attempt"].split(".")[0]: e["node"] for e in ended(cluster, job)}
+    assert set(nodes) == {f"{job}:0", f"{job}:1"}, nodes
+    assert all(n.startswith("dtn") for n in nodes.values()), nodes
 
 
 def test_scancel_stops_the_remote_copy_within_2s(cluster: Cluster, workdir: Path) -> None:
