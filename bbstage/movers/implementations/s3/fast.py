@@ -90,13 +90,14 @@ class FastS3:
         self._stores[bucket] = (creds, store)
         return store
 
-    async def get(self, bucket: str, key: str) -> bytes:
+    async def get(self, bucket: str, key: str) -> Any:
+        """The whole object, as obstore's buffer (not copied)."""
         import obstore
 
         store = await self.store(bucket)
         try:
             result = await obstore.get_async(store, key)
-            return bytes(await result.bytes_async())
+            return await result.bytes_async()
         except Exception as exc:
             raise ObstoreError(exc) from exc
 
