@@ -30,7 +30,16 @@ import typing
 from typing import Any
 
 from bbstage.identity import Identity, IdentityError
-from bbstage.transfer import Done, Event, Failed, Moved, Planned, TempFile, TransferSpec
+from bbstage.transfer import (
+    Done,
+    Event,
+    Failed,
+    Moved,
+    Planned,
+    TempFile,
+    TempsSettled,
+    TransferSpec,
+)
 
 FORWARD_EVERY = 0.5  # seconds between Moved events sent to the daemon
 POLL_EVERY = 0.2  # seconds between checks for a cancel
@@ -178,8 +187,8 @@ def run_child(
                 continue
             if isinstance(event, TempFile):
                 temps.add(event.path)
-            elif type(event).__name__ == "TempsSettled":  # renamed or removed: not ours now
-                temps.difference_update(getattr(event, "paths", ()))
+            elif isinstance(event, TempsSettled):  # renamed or removed: not ours now
+                temps.difference_update(event.paths)
             elif isinstance(event, Done | Failed):
                 outcome = event
             elif isinstance(event, Planned):
@@ -273,7 +282,7 @@ def cleanup(paths: list[str], identity: Identity) -> None:
 
 
 class _Lines:
-    """The ``send`` end ``worker._Reporter`` writes to: one JSON line per event."""
+    """The ``worker.Sink`` the child's reporter writes to: one JSON line per event."""
 
     def __init__(self) -> None:
         self._out = sys.stdout.buffer
@@ -299,7 +308,7 @@ def _child(parent: int) -> int:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, daemon=True).start()
-    worker._transfer(spec, worker._Reporter(_Lines()), cancel)  # type: ignore[arg-type]
+    worker.transfer(spec, worker.Reporter(_Lines()), cancel)
     return 0
 
 

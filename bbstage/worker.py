@@ -19,13 +19,14 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from bbstage import movers, planning
 from bbstage.identity import Identity
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, localfs
 from bbstage.transfer import (
     Done,
+    Event,
     Failed,
     Moved,
     TempFile,
@@ -44,11 +45,17 @@ SETTLE_BATCH = 1024  # settled temporary files sent at once (at least every _REP
 _WATCH_EVERY = 0.5  # seconds between checks that the daemon still runs
 
 
-class _Reporter:
+class Sink(Protocol):
+    """Where a worker's events go: the pipe to the executor, or a stand-in (remote, tests)."""
+
+    def send(self, event: Event) -> None: ...
+
+
+class Reporter:
     """Thread-safe progress sink that batches reports to the parent, and keeps the manifest:
     the files committed and their bytes, counted apart from the movers' progress."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Sink) -> None:
         self._conn, self._lock = conn, threading.Lock()
         self.bytes = 0  # reported by the movers as they copy
         self.committed = Done(0, 0)
@@ -126,7 +133,7 @@ def serve(conn: Connection, identity: Identity, daemon: int | None = None) -> No
             spec = conn.recv()
             if spec is None:
                 return
-            _transfer(spec, _Reporter(conn), cancel)
+            transfer(spec, Reporter(conn), cancel)
             if cancel.is_set():
                 return  # SIGTERM: the transfer was stopped; so is the process
     except (EOFError, OSError):
@@ -135,7 +142,7 @@ def serve(conn: Connection, identity: Identity, daemon: int | None = None) -> No
         conn.close()
 
 
-def _transfer(spec: TransferSpec, reporter: _Reporter, cancel: threading.Event) -> None:
+def transfer(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None:
     """Run one transfer and send its outcome: ``Done`` with the manifest, or ``Failed``."""
     try:
         run(spec, reporter, cancel)
@@ -178,7 +185,7 @@ def _become(identity: Identity) -> None:
         os.environ.pop("HOME", None)
 
 
-def run(spec: TransferSpec, reporter: _Reporter, cancel: threading.Event) -> None:
+def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None:
     """Plan and copy one directive's data (in the current identity)."""
     options = MoverOptions(
         job_id=spec.job_id,
@@ -218,7 +225,7 @@ def _plan(mover: Mover, spec: TransferSpec, cancel: threading.Event) -> Iterable
 def _copy_all(
     mover: Mover,
     tasks: Iterable[FileTask],
-    reporter: _Reporter,
+    reporter: Reporter,
     cancel: threading.Event,
     threads: int | None = None,
     budget: int | None = None,
@@ -257,7 +264,7 @@ def _copy_all(
 def _copy_threads(
     mover: Mover,
     chunks: Iterator[list[FileTask]],
-    reporter: _Reporter,
+    reporter: Reporter,
     cancel: threading.Event,
     threads: int,
 ) -> None:
@@ -319,7 +326,7 @@ def _interleave(tasks: list[FileTask]) -> list[FileTask]:
 def _copy_batched(
     mover: Mover,
     chunks: Iterator[list[FileTask]],
-    reporter: _Reporter,
+    reporter: Reporter,
     cancel: threading.Event,
 ) -> None:
     """Hand the plan to the mover's ``copy_many`` in batches of up to ``BATCH`` entries;
@@ -335,7 +342,7 @@ def _copy_batched(
 
 
 def _copy_batch(
-    mover: Mover, tasks: list[FileTask], reporter: _Reporter, cancel: threading.Event
+    mover: Mover, tasks: list[FileTask], reporter: Reporter, cancel: threading.Event
 ) -> None:
     def done(task: FileTask) -> None:
         if task.kind == "file":

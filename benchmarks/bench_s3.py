@@ -101,7 +101,7 @@ class Bench:
         spec = TransferSpec.between(
             src, dst, job_id="bench", extra={"s3": self.s3conf, "credentials": credentials}
         )
-        worker.run(spec, worker._Reporter(_Sink()), threading.Event())  # type: ignore[arg-type]
+        worker.run(spec, worker.Reporter(_Sink()), threading.Event())  # type: ignore[arg-type]
 
     # -- TransferManager ------------------------------------------------------------------
     def tm_upload(self, pairs: list[tuple[str, str]]) -> None:

@@ -158,5 +158,5 @@ class Sink:
 def run_worker(spec: TransferSpec) -> Conn:
     """Run one transfer in this process as a worker does; the events it sent."""
     conn = Conn()
-    worker.run(spec, worker._Reporter(conn), threading.Event())  # type: ignore[arg-type]
+    worker.run(spec, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
     return conn

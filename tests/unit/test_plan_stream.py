@@ -30,7 +30,7 @@ def spec(src: Path | str, dst: Path | str, **kw: Any) -> TransferSpec:
 def transfer(s: TransferSpec, conn: Any = None) -> list[Any]:
     """Run one transfer as a worker does, outcome included; the events it sent."""
     conn = conn or Conn()
-    worker._transfer(s, worker._Reporter(conn), threading.Event())
+    worker.transfer(s, worker.Reporter(conn), threading.Event())
     return conn.events  # type: ignore[no-any-return]
 
 
@@ -56,7 +56,7 @@ class Lazy(Mover):
 
 def test_the_walk_runs_a_bounded_window_ahead_of_the_copy() -> None:
     mover = Lazy(30_000)
-    reporter = worker._Reporter(Conn())  # type: ignore[arg-type]
+    reporter = worker.Reporter(Conn())  # type: ignore[arg-type]
     worker._copy_all(mover, mover.plan("", "", tree=True, glob=False), reporter,
                      threading.Event(), threads=1)  # fmt: skip
     assert mover.copied == 30_000

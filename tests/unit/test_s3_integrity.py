@@ -42,7 +42,7 @@ def run(src: str, dst: str, endpoint: str, **fields: Any) -> Planned:
     s3 = {k: fields.pop(k) for k in list(fields) if k in s3m.S3Settings.__dataclass_fields__}
     spec = TransferSpec.between(src, dst, job_id="7", extra=extra(endpoint, **s3), **fields)
     conn = Conn()
-    worker.run(spec, worker._Reporter(conn), threading.Event())  # type: ignore[arg-type]
+    worker.run(spec, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
     return next(e for e in conn.events if isinstance(e, Planned))
 
 

@@ -76,7 +76,7 @@ def run(
         src, dst, job_id="7", glob=glob, extra=ex if ex is not None else extra(endpoint, **s3)
     )
     conn = Conn()
-    worker.run(spec, worker._Reporter(conn), threading.Event())  # type: ignore[arg-type]
+    worker.run(spec, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
     return conn
 
 

@@ -112,7 +112,7 @@ def test_read_ahead_covers_files_within_its_window(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(worker, "READ_AHEAD_FILES", 16)
     mover = Recording()
     tasks = [FileTask(str(i), f"/d/{i}", "file", 10) for i in range(300)]
-    reporter = worker._Reporter(Conn())  # type: ignore[arg-type]
+    reporter = worker.Reporter(Conn())  # type: ignore[arg-type]
     worker._copy_all(mover, tasks, reporter, threading.Event(), threads=1)
     assert [i for kind, i in mover.log if kind == "copy"] == list(range(300))
     copying = -1
