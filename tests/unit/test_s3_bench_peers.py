@@ -5,12 +5,10 @@ contender; against moto's server (RGW runs are benchmarks/bench_s3.py's)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from bbstage.bench import Options, bench, plan_sizes, plot
 from bbstage.bench.baselines import S3_PEERS, s3_peer_binary
@@ -20,15 +18,6 @@ from bbstage.config import Config
 pytestmark = pytest.mark.skipif(
     not all(s3_peer_binary(p) for p in S3_PEERS), reason="pip install 'bbstage[bench]'"
 )
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 @pytest.fixture

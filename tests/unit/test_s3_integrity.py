@@ -22,11 +22,9 @@ from bbstage.movers import checksum as cs
 from bbstage.movers.implementations import s3 as s3m
 from bbstage.transfer import Planned, TransferSpec
 
-from .test_s3_mover import Conn, bucket, client, endpoint, extra
+from .test_s3_mover import Conn, extra
 
 SMALL = {"part_size": "5M", "multipart_threshold": "8M", "max_concurrency": 4}
-
-__all__ = ["bucket", "client", "endpoint"]  # fixtures, shared with test_s3_mover
 
 
 class Sink:

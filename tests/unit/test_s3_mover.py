@@ -10,16 +10,13 @@ import json
 import os
 import socket
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import botocore.session
 import pytest
 from botocore.exceptions import ClientError
-from moto.server import ThreadedMotoServer
 
 from bbstage import worker
 from bbstage.movers import FileTask, MoverOptions, TransferError
@@ -36,33 +33,6 @@ class Conn:
 
     def send(self, event: tuple[Any, ...]) -> None:
         self.events.append(event)
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def client(endpoint: str) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-
-
-@pytest.fixture
-def bucket(client: Any) -> str:
-    name = f"bkt-{uuid.uuid4().hex[:10]}"
-    client.create_bucket(Bucket=name)
-    return name
 
 
 def extra(endpoint: str, **s3: Any) -> dict[str, Any]:

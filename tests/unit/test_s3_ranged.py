@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from bbstage.movers import TransferError
 from bbstage.movers.implementations.s3 import download, fast
@@ -25,15 +23,6 @@ from tests.s3fault import FaultProxy
 CREDS = {"key": "testing", "secret": "testing"}
 SMALL = {"part_size": "5M", "multipart_threshold": "8M"}
 SIZE = (23 << 20) + 12345  # five ranges of 5 MiB, the last one short
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 @pytest.fixture(scope="module")
