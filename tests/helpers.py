@@ -160,3 +160,21 @@ def run_worker(spec: TransferSpec) -> Conn:
     conn = Conn()
     worker.run(spec, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
     return conn
+
+
+def corrupt_once(mover: Any, method: str) -> list[int]:
+    """Flip a byte of the body of the first ``method`` call (after its Content-MD5 was made):
+    what a bad NIC, proxy or server does. ``mover`` is an ``S3Upload``."""
+    real = getattr(mover._client, method)
+    calls: list[int] = []
+
+    async def call(**kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            data = bytearray(kw["Body"])
+            data[0] ^= 0xFF
+            kw["Body"] = bytes(data)
+        return await real(**kw)
+
+    setattr(mover._client, method, call)
+    return calls

@@ -17,7 +17,7 @@ import xxhash
 from bbstage.movers import MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
 from bbstage.transfer import Planned, TransferSpec
-from tests.helpers import Sink, digest, run_worker
+from tests.helpers import Sink, corrupt_once, digest, run_worker
 from tests.s3env import S3Env, s3  # noqa: F401
 
 from .conftest import USER, Cluster, as_user
@@ -128,23 +128,6 @@ def test_checksum_both_directions(s3: S3Env, tmp_path: Path, size: int) -> None:
     assert e.value.permanent and not (tmp_path / "p").exists()
 
 
-def corrupt_first(mover: s3m.S3Upload, method: str) -> list[int]:
-    """Flip a byte of the first ``method`` call's body, after its Content-MD5 was made."""
-    real = getattr(mover._client, method)
-    calls: list[int] = []
-
-    async def call(**kw: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:
-            data = bytearray(kw["Body"])
-            data[0] ^= 0xFF
-            kw["Body"] = bytes(data)
-        return await real(**kw)
-
-    setattr(mover._client, method, call)
-    return calls
-
-
 @pytest.mark.parametrize(("size", "method"), [(100_000, "put_object"), (20 << 20, "upload_part")])
 def test_rgw_refuses_a_body_that_does_not_match_its_content_md5(
     s3: S3Env, tmp_path: Path, size: int, method: str
@@ -154,7 +137,7 @@ def test_rgw_refuses_a_body_that_does_not_match_its_content_md5(
     (tmp_path / "f").write_bytes(data)
     mover = s3m.S3Upload(MoverOptions(checksum="xxh3", extra=extra(s3, **SMALL)))
     tasks = mover.plan(str(tmp_path / "f"), f"s3://{bucket}/c", tree=False, glob=False)
-    calls = corrupt_first(mover, method)
+    calls = corrupt_once(mover, method)
     failed = mover.copy_many(tasks, Sink(), threading.Event(), lambda t: None)
     if method == "put_object":  # the worker retries the file
         [err] = failed.values()

@@ -16,32 +16,22 @@ from typing import Any
 import pytest
 import xxhash
 
-from bbstage import worker
 from bbstage.movers import FileTask, MoverOptions, TransferError
 from bbstage.movers import checksum as cs
 from bbstage.movers.implementations import s3 as s3m
 from bbstage.transfer import Planned, TransferSpec
+from tests.helpers import Sink, corrupt_once, run_worker
 
-from .test_s3_mover import Conn, extra
+from .test_s3_mover import extra
 
 SMALL = {"part_size": "5M", "multipart_threshold": "8M", "max_concurrency": 4}
-
-
-class Sink:
-    def add(self, n: int) -> None:
-        pass
-
-    def temp(self, path: str) -> None:
-        pass
 
 
 def run(src: str, dst: str, endpoint: str, **fields: Any) -> Planned:
     """Stage as a worker does (plan, select, copy with retries); the Planned event."""
     s3 = {k: fields.pop(k) for k in list(fields) if k in s3m.S3Settings.__dataclass_fields__}
     spec = TransferSpec.between(src, dst, job_id="7", extra=extra(endpoint, **s3), **fields)
-    conn = Conn()
-    worker.run(spec, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
-    return next(e for e in conn.events if isinstance(e, Planned))
+    return next(e for e in run_worker(spec).events if isinstance(e, Planned))
 
 
 def sha(data: bytes) -> str:
@@ -232,25 +222,6 @@ def test_checksum_none_downloads_objects_without_metadata(
     assert (tmp_path / "p").read_bytes() == b"fine"
 
 
-def corrupt_once(mover: s3m.S3Upload, method: str) -> list[int]:
-    """Flip a byte of the body of the first ``method`` call (after its Content-MD5 was made):
-    what a bad NIC, proxy or server does. moto ignores Content-MD5, so only the ETag check
-    stands between this and a corrupted object."""
-    real = getattr(mover._client, method)
-    calls: list[int] = []
-
-    async def call(**kw: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:
-            data = bytearray(kw["Body"])
-            data[0] ^= 0xFF
-            kw["Body"] = bytes(data)
-        return await real(**kw)
-
-    setattr(mover._client, method, call)
-    return calls
-
-
 @pytest.mark.parametrize(("size", "method"), [(1000, "put_object"), (20 << 20, "upload_part")])
 def test_upload_with_checksum_finds_bytes_that_landed_wrong(
     tmp_path: Path, endpoint: str, client: Any, bucket: str, size: int, method: str
@@ -259,7 +230,7 @@ def test_upload_with_checksum_finds_bytes_that_landed_wrong(
     (tmp_path / "f").write_bytes(data)
     mover = s3m.S3Upload(MoverOptions(checksum="xxh3", extra=extra(endpoint, **SMALL)))
     tasks = mover.plan(str(tmp_path / "f"), f"s3://{bucket}/c", tree=False, glob=False)
-    corrupt_once(mover, method)
+    corrupt_once(mover, method)  # moto ignores Content-MD5: only the ETag check catches it
     failed = mover.copy_many(tasks, Sink(), threading.Event(), lambda t: None)
     [err] = failed.values()
     assert "what landed is not what was sent" in str(err) and not err.permanent

@@ -4,7 +4,6 @@ tests/integration/test_s3.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import http.server
 import json
 import os
@@ -23,16 +22,9 @@ from bbstage.movers import FileTask, MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
 from bbstage.movers.implementations.s3.download import _safe_rel
 from bbstage.transfer import Planned, TransferSpec
+from tests.helpers import Conn, file_digest, run_worker
 
 CREDS = {"key": "testing", "secret": "testing"}
-
-
-class Conn:
-    def __init__(self) -> None:
-        self.events: list[tuple[Any, ...]] = []
-
-    def send(self, event: tuple[Any, ...]) -> None:
-        self.events.append(event)
 
 
 def extra(endpoint: str, **s3: Any) -> dict[str, Any]:
@@ -45,13 +37,7 @@ def run(
     spec = TransferSpec.between(
         src, dst, job_id="7", glob=glob, extra=ex if ex is not None else extra(endpoint, **s3)
     )
-    conn = Conn()
-    worker.run(spec, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
-    return conn
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return run_worker(spec)
 
 
 def plan_event(conn: Conn) -> tuple[Any, ...]:
@@ -90,7 +76,7 @@ def test_tree_of_many_small_objects(tmp_path: Path, endpoint: str, bucket: str) 
     got = sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file())
     want = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
     assert got == want
-    assert all(digest(dst / r) == digest(src / r) for r in want[:50])
+    assert all(file_digest(dst / r) == file_digest(src / r) for r in want[:50])
     assert oct((dst / "d1" / "deep").stat().st_mode & 0o777) == oct(0o755)
     # Re-running skips everything (one LIST for the upload side, not a HEAD per object).
     assert plan_event(run(f"{src}/", f"s3://{bucket}/tree/", endpoint)) == Planned(0, 0)
@@ -111,7 +97,7 @@ def test_big_object_multipart(
     run(
         f"s3://{bucket}/big", str(dst), endpoint, download_concurrency=download_concurrency, **small
     )
-    assert digest(dst) == digest(src)
+    assert file_digest(dst) == file_digest(src)
 
 
 def test_glob_and_whole_bucket(tmp_path: Path, endpoint: str, client: Any, bucket: str) -> None:
