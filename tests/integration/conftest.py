@@ -130,22 +130,28 @@ class Cluster:
 SLURM_VERSIONS = ("22.05", "24.11")
 
 
-@pytest.fixture(scope="session", params=SLURM_VERSIONS)
-def cluster(request: pytest.FixtureRequest) -> Cluster:
-    version = request.param
+def local_cluster_up(*args: str, timeout: float = 1200) -> dict[str, str]:
+    """``scripts/local-cluster up ARGS``; the environment its ``export`` lines describe."""
     proc = subprocess.run(
-        [str(REPO / "scripts" / "local-cluster"), "up", "--slurm", version],
+        [str(REPO / "scripts" / "local-cluster"), "up", *args],
         stdout=subprocess.PIPE,
         text=True,
-        timeout=1200,
+        timeout=timeout,
     )
-    assert proc.returncode == 0, f"local-cluster up --slurm {version} failed (see its output)"
+    assert proc.returncode == 0, f"local-cluster up {' '.join(args)} failed (see its output)"
     env = dict(os.environ)
     for line in proc.stdout.splitlines():
         m = re.match(r"export (\w+)=(.*)", line)
         if m:
             value = m.group(2).replace('"$PATH"', os.environ.get("PATH", ""))
             env[m.group(1)] = shlex.split(value)[0] if value else ""
+    return env
+
+
+@pytest.fixture(scope="session", params=SLURM_VERSIONS)
+def cluster(request: pytest.FixtureRequest) -> Cluster:
+    version = request.param
+    env = local_cluster_up("--slurm", version)
     return Cluster(env, Path(env["BBSTAGE_CLUSTER_DIR"]), version)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import socket
 import ssl
 import subprocess
@@ -23,7 +22,7 @@ import pytest
 
 from tests.helpers import make_tree, tree_digests, wait_until
 
-from .conftest import REPO, USER, Cluster, as_user
+from .conftest import REPO, USER, Cluster, as_user, local_cluster_up
 
 pytestmark = pytest.mark.cluster
 distributed = pytest.importorskip("distributed")
@@ -31,28 +30,11 @@ distributed = pytest.importorskip("distributed")
 WORKERS = 2
 
 
-def _up(*extra: str) -> dict[str, str]:
-    proc = subprocess.run(
-        [str(REPO / "scripts" / "local-cluster"), "up", "--slurm", "22.05", *extra],
-        stdout=subprocess.PIPE,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, f"local-cluster up {extra} failed (see its output)"
-    env = dict(os.environ)
-    for line in proc.stdout.splitlines():
-        m = re.match(r"export (\w+)=(.*)", line)
-        if m:
-            value = m.group(2).replace('"$PATH"', os.environ.get("PATH", ""))
-            env[m.group(1)] = shlex.split(value)[0] if value else ""
-    return env
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """The 22.05 cluster with its daemon on the Dask engine; the local engine again after."""
     try:
-        env = _up("--movers", str(WORKERS))
+        env = local_cluster_up("--slurm", "22.05", "--movers", str(WORKERS), timeout=900)
         movers = subprocess.run(
             [str(REPO / "scripts" / "local-movers"), "env"],
             capture_output=True,
@@ -64,7 +46,8 @@ def cluster() -> Iterator[Cluster]:
         assert 'engine = "dask"' in conf, conf
         yield Cluster(env, Path(env["BBSTAGE_CLUSTER_DIR"]), "22.05")
     finally:
-        _up()  # the cluster is shared: back to the local engine
+        # the cluster is shared: back to the local engine
+        local_cluster_up("--slurm", "22.05", timeout=900)
 
 
 def ended(cluster: Cluster, job: str) -> list[dict[str, str]]:
