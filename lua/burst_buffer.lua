@@ -96,8 +96,8 @@ function slurm_bb_paths(job_id, job_script, path_file, uid, gid, job_info)
 	local pools = site.pools or {}
 	if #pools == 0 then return slurm.SUCCESS end
 	local chosen = pools[1]
-	if #pools > 1 then -- only then does the script's pool= matter (and the script is read:
-		-- 24.11 may give a split-off array task a script path that does not exist)
+	if #pools > 1 then -- only then does the script's pool= matter: read it only then
+		-- (paths runs inside slurmctld, under its locks)
 		local wanted = module("directives").parse(read_script(job_script,
 			array_of(job_id, job_info))).pool
 		for _, p in ipairs(pools) do
