@@ -133,6 +133,7 @@ def test_a_new_attempt_does_not_trust_an_old_attempts_temporary_file(
     assert stale.read_bytes() == b"\0" * SIZE
 
 
+@pytest.mark.parametrize("client", ["obstore"], indirect=True)  # botocore's: test_s3_mover
 def test_ranges_of_a_replaced_object_are_refused(
     tmp_path: Path,
     endpoint: str,
@@ -141,8 +142,6 @@ def test_ranges_of_a_replaced_object_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Ranges that come from two versions of the object (another ETag) never make a file."""
-    if client != "obstore":
-        pytest.skip("botocore's ranges: _note, covered by tests/unit/test_s3_mover.py")
     real = fast.FastS3.get_range
 
     async def replaced(self: Any, bucket: str, key: str, start: int, end: int) -> Any:
