@@ -212,6 +212,13 @@ class Engine:
 
     async def pre_run(self, req: Request) -> Reply:
         job = self._known(req)  # never start a job whose inputs nobody vouches for
+        if job.state in FINISHED:
+            # Torn down before it ran (its scratch is gone): Slurm lost track of it, e.g. a
+            # slurmctld restart while its stage-in hook ran. A new setup makes a new record.
+            raise ValueError(
+                f"job {job.job_id} was torn down before it started ({job.state}):"
+                " its staged inputs are gone; requeue or resubmit it"
+            )
         if job.state in ("setup", "staging_in") or self._test(job.job_id, "stage_in").status != OK:
             raise ValueError(f"job {job.job_id}: its stage-in has not finished ({job.state})")
         if req.get("nodes"):  # 24.05+: job_info.nodes, known from pre_run on

@@ -5,6 +5,17 @@ data_in hook *and* the teardown it has just started ("teardown ... terminated by
 slurmctld"), and a daemon that was down misses every hook sent meanwhile. So every
 ``reconcile_interval`` seconds the daemon asks `squeue` about the jobs it is staging and
 runs teardown(hurry=true) itself for a job that is dead before it ran, or gone from Slurm.
+
+It also ends jobs Slurm has *stranded*. Slurm 24.11 saves its job records before its burst
+buffer records when it stops; if a stage-in hook fails in that moment (slurmscriptd reports
+a hook it killed on shutdown as failed), the teardown that follows frees the buffer record
+while the saved job still says ``staging-in``. After the restart no thread stages that job
+and nothing moves it on: it stays PENDING with reason ``BurstBufferStageIn`` for ever. The
+daemon knows such a job as cancelled (it got that teardown). A job we hold as cancelled that
+Slurm keeps waiting for a stage-in for ``STRANDED_GRACE`` seconds is cancelled in Slurm with
+the reason in the daemon's record (`bbstage status`): a clear failure instead of a job that
+waits for ever. Slurm offers no way to restart its stage-in (`scontrol requeue` refuses a
+pending job; the burst buffer of a pending job cannot be changed).
 """
 
 from __future__ import annotations
@@ -13,11 +24,13 @@ import asyncio
 import os
 import shutil
 import time
+from typing import NamedTuple
 
 import structlog
 
 from bbstage.engine import Engine
 from bbstage.protocol import Request
+from bbstage.state import JobRow
 
 log = structlog.get_logger("bbstage.reconcile")
 
@@ -28,32 +41,61 @@ DEAD = {
     "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
     "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
 }  # fmt: skip
+# What squeue shows for a job whose stage-in Slurm believes is under way.
+STAGING_IN = ("PENDING", "BurstBufferStageIn")
+# Cancelled jobs younger than this are watched for being stranded.
+STRANDED_WATCH = 3600.0
+# A job we cancelled that Slurm waits this long for its stage-in is stranded. A real stage-in
+# sends setup within milliseconds of Slurm's entering that state (and replaces our record).
+STRANDED_GRACE = 60.0
 
 
-async def slurm_states(job_ids: list[str], slurm_conf: str | None) -> dict[str, str] | None:
-    """Job id → Slurm state for the jobs slurmctld still knows; None if it cannot be asked."""
-    squeue = shutil.which("squeue")
-    if squeue is None:
-        return None
+class SlurmJob(NamedTuple):
+    state: str  # squeue's %T: PENDING, RUNNING, CANCELLED...
+    reason: str = ""  # squeue's %r
+
+
+async def _slurm(tool: str, args: list[str], slurm_conf: str | None) -> tuple[int, bytes, bytes]:
     env = dict(os.environ)
     if slurm_conf:
         env["SLURM_CONF"] = slurm_conf
     proc = await asyncio.create_subprocess_exec(
-        # %A: the job's own id, also for an array task (%i would print "<array id>_<index>",
-        # which never matches the id the hooks gave us: every task looked gone).
-        squeue, "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%A %T",
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        tool, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     out, err = await proc.communicate()
+    return proc.returncode or 0, out, err
+
+
+async def slurm_states(job_ids: list[str], slurm_conf: str | None) -> dict[str, SlurmJob] | None:
+    """Job id → Slurm state for the jobs slurmctld still knows; None if it cannot be asked."""
+    squeue = shutil.which("squeue")
+    if squeue is None:
+        return None
+    # %A: the job's own id, also for an array task (%i would print "<array id>_<index>",
+    # which never matches the id the hooks gave us: every task looked gone).
+    args = ["-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%A %T %r"]
+    code, out, err = await _slurm(squeue, args, slurm_conf)
     # squeue exits 1 with "Invalid job id specified" when none of the ids exists any more.
-    if proc.returncode and b"Invalid job id" not in err:
+    if code and b"Invalid job id" not in err:
         log.warning("squeue failed", error=err.decode(errors="replace").strip())
         return None
     states = {}
-    for line in out.decode().splitlines():
-        job_id, _, state = line.partition(" ")
-        states[job_id.strip()] = state.strip()
+    for line in out.decode(errors="replace").splitlines():
+        job_id, state, reason = (line.split(" ", 2) + ["", ""])[:3]
+        states[job_id.strip()] = SlurmJob(state.strip(), reason.strip())
     return states
+
+
+async def cancel_in_slurm(job_id: str, slurm_conf: str | None) -> bool:
+    """``scancel JOB``; whether slurmctld took it."""
+    scancel = shutil.which("scancel")
+    if scancel is None:
+        log.error("scancel not found: cannot end a stranded job", job_id=job_id)
+        return False
+    code, _, err = await _slurm(scancel, [job_id], slurm_conf)
+    if code:
+        log.error("scancel failed", job_id=job_id, error=err.decode(errors="replace").strip())
+    return code == 0
 
 
 # A job squeue does not list must stay unlisted this long before it counts as gone: Slurm
@@ -61,16 +103,24 @@ async def slurm_states(job_ids: list[str], slurm_conf: str | None) -> dict[str, 
 MISSING_GRACE = 120.0
 
 
-async def once(engine: Engine, missing: dict[str, float] | None = None) -> list[str]:
-    """One pass; returns the job ids torn down. ``missing``: job id → when first unlisted,
-    carried from pass to pass."""
+async def once(
+    engine: Engine,
+    missing: dict[str, float] | None = None,
+    stranded: dict[str, float] | None = None,
+) -> list[str]:
+    """One pass; returns the job ids torn down or cancelled. ``missing``: job id → when first
+    unlisted; ``stranded``: job id → when first seen stranded; both carried between passes."""
     missing = {} if missing is None else missing
+    stranded = {} if stranded is None else stranded
+    wall = time.time()
     jobs = engine.store.jobs(BEFORE_RUN + AFTER_RUN)
-    if not jobs:
+    cancelled = [j for j in engine.store.jobs(("cancelled",)) if wall - j.updated < STRANDED_WATCH]
+    if not jobs and not cancelled:
         missing.clear()
+        stranded.clear()
         return []
     conf = str(engine.config.slurm_conf) if engine.config.slurm_conf else None
-    states = await slurm_states([j.job_id for j in jobs], conf)
+    states = await slurm_states([j.job_id for j in jobs + cancelled], conf)
     if states is None:
         return []
     now = time.monotonic()
@@ -80,16 +130,47 @@ async def once(engine: Engine, missing: dict[str, float] | None = None) -> list[
     orphans = []
     for j in jobs:
         if j.job_id in states:
-            if j.state in BEFORE_RUN and states[j.job_id] in DEAD:
+            if j.state in BEFORE_RUN and states[j.job_id].state in DEAD:
                 orphans.append(j.job_id)  # Slurm says so: act now
         elif now - missing.setdefault(j.job_id, now) >= MISSING_GRACE:
             orphans.append(j.job_id)
     for job_id in orphans:
+        slurm = states.get(job_id)
         log.warning("slurm no longer runs this job: tearing down", job_id=job_id,
-                    slurm_state=states.get(job_id, "gone"))  # fmt: skip
+                    slurm_state=slurm.state if slurm else "gone")  # fmt: skip
         await engine.handle(Request("teardown", {"job_id": job_id, "hurry": True}))
         missing.pop(job_id, None)
-    return orphans
+    return orphans + await _end_stranded(engine, cancelled, states, stranded, now, conf)
+
+
+async def _end_stranded(
+    engine: Engine,
+    cancelled: list[JobRow],
+    states: dict[str, SlurmJob],
+    stranded: dict[str, float],
+    now: float,
+    conf: str | None,
+) -> list[str]:
+    """Cancel in Slurm the jobs we hold as cancelled that Slurm keeps waiting for a stage-in
+    (see the module's docstring)."""
+    waiting = {j.job_id for j in cancelled if tuple(states.get(j.job_id, ())) == STAGING_IN}
+    for job_id in list(stranded):
+        if job_id not in waiting:
+            del stranded[job_id]
+    ended = []
+    for job_id in sorted(waiting):
+        if now - stranded.setdefault(job_id, now) < STRANDED_GRACE:
+            continue
+        error = (
+            "Slurm lost this job's stage-in (slurmctld stopped while a stage-in hook ran) and"
+            " would keep it pending for ever: bbstage cancelled it; submit it again"
+        )
+        log.error("stranded job: cancelling it in slurm", job_id=job_id)
+        engine.store.set_job(job_id, state="failed", error=error)
+        if await cancel_in_slurm(job_id, conf):
+            ended.append(job_id)
+        del stranded[job_id]
+    return ended
 
 
 async def forever(engine: Engine) -> None:
@@ -97,10 +178,11 @@ async def forever(engine: Engine) -> None:
     if interval <= 0:
         return
     missing: dict[str, float] = {}
+    stranded: dict[str, float] = {}
     while True:
         await asyncio.sleep(interval)
         try:
-            await once(engine, missing)
+            await once(engine, missing, stranded)
             await engine.purge_expired()
         except Exception:
             log.exception("reconcile failed")

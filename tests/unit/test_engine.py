@@ -185,6 +185,16 @@ def test_pre_run_before_the_stage_in_finished_refuses(engine: Engine) -> None:
     assert status == "error" and "stage-in has not finished" in message
 
 
+def test_pre_run_of_a_job_torn_down_before_it_ran_refuses(engine: Engine) -> None:
+    """Slurm lost track (a slurmctld restart mid stage-in): the inputs in scratch are gone."""
+    setup(engine, "12", "stage_in source=/a/ destination=$BB_SCRATCH/a/")
+    outcomes(engine).append((Planned(5, 1), Done(5, 1)))
+    assert ask(engine, "data_in", job_id="12") == ("ok", "")
+    assert ask(engine, "teardown", job_id="12", hurry=True)[0] == "ok"
+    status, message = ask(engine, "pre_run", job_id="12")
+    assert status == "error" and "torn down before it started" in message
+
+
 def test_a_job_recreated_after_a_lost_state_never_deletes_scratch(engine: Engine) -> None:
     lines = ("stage_out source=$BB_SCRATCH/out.dat destination=/results/out.dat",)
     outcomes(engine).append((Planned(5, 1), Done(5, 1)))

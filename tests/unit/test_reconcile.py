@@ -1,8 +1,10 @@
-"""The reconciler: dead jobs are torn down at once, missing ones only after a grace period."""
+"""The reconciler: dead jobs are torn down at once, missing ones only after a grace period,
+stranded ones (cancelled here, waiting for a stage-in in Slurm) cancelled in Slurm."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,29 +17,55 @@ class FakeEngine:
     def __init__(self, jobs: dict[str, str]) -> None:
         self.jobs = jobs
         self.torn: list[str] = []
+        self.errors: dict[str, str] = {}
+        made = time.time()
         self.config = SimpleNamespace(slurm_conf=None)
         self.store = SimpleNamespace(
             jobs=lambda states: [
-                SimpleNamespace(job_id=i, state=s) for i, s in self.jobs.items() if s in states
-            ]
+                SimpleNamespace(job_id=i, state=s, updated=made)
+                for i, s in self.jobs.items()
+                if s in states
+            ],
+            set_job=self.set_job,
         )
+
+    def set_job(self, job_id: str, state: str, error: str) -> None:
+        self.jobs[job_id] = state
+        self.errors[job_id] = error
 
     async def handle(self, request: Any) -> None:
         self.torn.append(request.fields["job_id"])
         self.jobs[request.fields["job_id"]] = "cancelled"
 
 
-def run(engine: FakeEngine, states: dict[str, str], missing: dict[str, float]) -> list[str]:
-    async def fake_states(job_ids: list[str], conf: str | None) -> dict[str, str]:
-        return states
+SCANCELLED: list[str] = []
+
+
+def run(
+    engine: FakeEngine,
+    states: dict[str, str],
+    missing: dict[str, float],
+    stranded: dict[str, float] | None = None,
+) -> list[str]:
+    """One pass, squeue answering ``states`` (job id → "STATE" or "STATE Reason")."""
+
+    async def fake_states(job_ids: list[str], conf: str | None) -> dict[str, reconcile.SlurmJob]:
+        return {j: reconcile.SlurmJob(*s.split(" ", 1)) for j, s in states.items()}
+
+    async def fake_cancel(job_id: str, conf: str | None) -> bool:
+        SCANCELLED.append(job_id)
+        return True
 
     reconcile.slurm_states = fake_states  # type: ignore[assignment]
-    return asyncio.run(reconcile.once(engine, missing))  # type: ignore[arg-type]
+    reconcile.cancel_in_slurm = fake_cancel  # type: ignore[assignment]
+    return asyncio.run(reconcile.once(engine, missing, stranded))  # type: ignore[arg-type]
 
 
 @pytest.fixture(autouse=True)
 def restore(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reconcile, "slurm_states", reconcile.slurm_states)
+    monkeypatch.setattr(reconcile, "cancel_in_slurm", reconcile.cancel_in_slurm)
+    SCANCELLED.clear()
 
 
 def test_cancelled_before_running_is_torn_down_at_once() -> None:
@@ -68,3 +96,55 @@ def test_a_job_that_reappears_is_forgiven(monkeypatch: pytest.MonkeyPatch) -> No
     assert missing == {}
     clock[0] += reconcile.MISSING_GRACE * 2
     assert run(engine, {}, missing) == []
+
+
+STAGE_IN_WAIT = "PENDING BurstBufferStageIn"
+
+
+def test_a_stranded_job_is_cancelled_in_slurm_after_the_grace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Slurm 24.11 after a restart: it waits for a stage-in of a job it tore down itself.
+    engine = FakeEngine({"9": "cancelled", "10": "cancelled"})
+    stranded: dict[str, float] = {}
+    clock = [0.0]
+    monkeypatch.setattr(reconcile.time, "monotonic", lambda: clock[0])
+    squeue = {"9": STAGE_IN_WAIT, "10": "CANCELLED None"}
+    assert run(engine, squeue, {}, stranded) == []
+    clock[0] += reconcile.STRANDED_GRACE - 1
+    assert run(engine, squeue, {}, stranded) == []
+    clock[0] += 2
+    assert run(engine, squeue, {}, stranded) == ["9"]
+    assert SCANCELLED == ["9"]
+    assert engine.jobs["9"] == "failed" and "submit it again" in engine.errors["9"]
+    assert engine.jobs["10"] == "cancelled"  # an scancel: Slurm says CANCELLED
+    assert run(engine, squeue, {}, stranded) == []  # once
+
+
+def test_a_job_that_stages_again_is_not_stranded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Slurm's own purge after a restart: teardown, then (pending, no stage-in) setup again.
+    engine = FakeEngine({"11": "cancelled"})
+    stranded: dict[str, float] = {}
+    clock = [0.0]
+    monkeypatch.setattr(reconcile.time, "monotonic", lambda: clock[0])
+    run(engine, {"11": STAGE_IN_WAIT}, {}, stranded)
+    clock[0] += reconcile.STRANDED_GRACE / 2
+    run(engine, {"11": "PENDING BurstBufferResources"}, {}, stranded)
+    clock[0] += reconcile.STRANDED_GRACE
+    assert run(engine, {"11": STAGE_IN_WAIT}, {}, stranded) == []  # the clock started again
+    assert SCANCELLED == []
+
+
+def test_old_cancelled_jobs_are_not_asked_about(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = FakeEngine({"12": "cancelled"})
+    asked: list[list[str]] = []
+
+    async def fake_states(job_ids: list[str], conf: str | None) -> dict[str, reconcile.SlurmJob]:
+        asked.append(job_ids)
+        return {}
+
+    monkeypatch.setattr(reconcile, "slurm_states", fake_states)
+    later = time.time() + reconcile.STRANDED_WATCH + 1
+    monkeypatch.setattr(reconcile.time, "time", lambda: later)
+    assert asyncio.run(reconcile.once(engine)) == []  # type: ignore[arg-type]
+    assert asked == []
