@@ -88,6 +88,9 @@ async def slurm_states(job_ids: list[str], slurm_conf: str | None) -> dict[str, 
 
 async def cancel_in_slurm(job_id: str, slurm_conf: str | None) -> bool:
     """``scancel JOB``; whether slurmctld took it."""
+    if not job_id.isdigit():  # an id from a hook: never an option or a list
+        log.error("not a job id: cannot cancel it", job_id=job_id)
+        return False
     scancel = shutil.which("scancel")
     if scancel is None:
         log.error("scancel not found: cannot end a stranded job", job_id=job_id)
