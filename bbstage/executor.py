@@ -43,17 +43,18 @@ class _Worker:
     identity: Identity
     idle_since: float = field(default_factory=time.monotonic)
 
-    def retire(self) -> None:
-        """Ask it to exit (it has no transfer) and reap it."""
+    def ask_to_exit(self) -> None:
+        """Tell it to exit (it has no transfer)."""
         try:
             self.conn.send(None)
         except OSError:
             pass
         self.conn.close()
-        self.proc.join(KILL_AFTER)
-        if self.proc.is_alive():
-            _signal(self.proc.pid, signal.SIGKILL)
-            self.proc.join(1)
+
+    def retire(self) -> None:
+        """Ask it to exit and reap it."""
+        self.ask_to_exit()
+        _reap([self.proc])
 
 
 class TransferExecutor:
@@ -120,28 +121,31 @@ class TransferExecutor:
 
     def cancel(self, key: str) -> None:
         """Stop a transfer: SIGTERM (the worker removes its partial files), SIGKILL if needed."""
-        with self._lock:
-            self._cancelled.add(key)
-            running = self._running.get(key)
-        if running is None or running.proc.pid is None:
-            return
-        _signal(running.proc.pid, signal.SIGTERM)
-        running.proc.join(KILL_AFTER)
-        if running.proc.is_alive():
-            _signal(running.proc.pid, signal.SIGKILL)
-            running.proc.join(1)
+        self._stop([key])
 
     def shutdown(self) -> None:
-        """Cancel the running transfers and end the idle workers."""
+        """Cancel the running transfers and end the idle workers, all at once: a shutdown
+        takes at most ``KILL_AFTER`` (plus a second) whatever the number of workers."""
         with self._lock:
             self._closing = True  # queued transfers end as cancelled
             keys = list(self._running)
             idle, self._idle = self._idle, []
-        for key in keys:
-            self.cancel(key)
         for each in idle:
-            each.retire()
+            each.ask_to_exit()
+        self._stop(keys)
+        _reap([w.proc for w in idle])
         self._threads.shutdown(wait=False)
+
+    def _stop(self, keys: list[str]) -> None:
+        """SIGTERM the workers of these transfers together; SIGKILL those still alive after
+        ``KILL_AFTER``."""
+        with self._lock:
+            self._cancelled.update(keys)
+            procs = [self._running[k].proc for k in keys if k in self._running]
+        procs = [p for p in procs if p.pid is not None]
+        for proc in procs:
+            _signal(proc.pid, signal.SIGTERM)
+        _reap(procs)
 
     def _guarded(self, *args: Any) -> None:
         """Run a transfer; whatever happens, its future gets an outcome."""
@@ -292,6 +296,18 @@ def track_temps(temps: set[str], event: Event) -> bool:
     else:
         return False
     return True
+
+
+def _reap(procs: list[Any]) -> None:
+    """Wait for these processes together, up to ``KILL_AFTER``; SIGKILL the rest."""
+    deadline = time.monotonic() + KILL_AFTER
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for proc in alive:
+        _signal(proc.pid, signal.SIGKILL)
+    for proc in alive:
+        proc.join(1)
 
 
 def _signal(pid: int, sig: int) -> None:

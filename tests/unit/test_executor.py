@@ -123,6 +123,31 @@ def test_shutdown_ends_idle_workers(area: Path) -> None:
     assert not proc.is_alive() and ex.idle == 0
 
 
+def _deaf_to_sigterm(ready: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()  # type: ignore[attr-defined]
+    time.sleep(60)
+
+
+def test_shutdown_stops_stuck_workers_together_not_one_after_another() -> None:
+    """Three workers that ignore SIGTERM: one KILL_AFTER for all (was three, in turn)."""
+    ex = TransferExecutor(4)
+    ctx = multiprocessing.get_context("fork")
+    procs = []
+    for n in range(3):
+        ready = ctx.Event()
+        proc = ctx.Process(target=_deaf_to_sigterm, args=(ready,))
+        proc.start()
+        assert ready.wait(10)
+        procs.append(proc)
+        parent, _ = ctx.Pipe()
+        ex._running[f"{n}:0"] = executor_module._Worker(proc, parent, NOBODY)
+    started = time.monotonic()
+    ex.shutdown()
+    assert time.monotonic() - started < executor_module.KILL_AFTER + 1
+    assert not any(p.is_alive() for p in procs)
+
+
 def test_workers_copy_at_normal_priority_under_a_raised_daemon() -> None:
     import multiprocessing
 
