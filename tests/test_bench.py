@@ -210,3 +210,18 @@ def test_bench_modules_import_no_circle() -> None:
         ready = {m for m, deps in uses.items() if m not in done and deps <= done}
         assert ready, f"import circle among {sorted(set(uses) - done)}"
         done |= ready
+
+
+def test_bench_spec_carries_no_account_table_as_the_engine_builds_it() -> None:
+    """The bench's transfer spec is the engine's: ``[s3.accounts]`` (every user's keys)
+    never crosses to a worker."""
+    import dataclasses
+
+    from bbstage.bench.transfer import make_spec
+    from bbstage.config import Config
+
+    s3 = {"endpoint_url": "http://127.0.0.1:1", "accounts": {"/etc/x": {}}}
+    config = dataclasses.replace(Config(), s3=s3)
+    spec = make_spec("s3://b/k", "/tmp/k", "s3", "posix", config, tree=False, profile="site")
+    assert spec.extra["s3"] == {"endpoint_url": "http://127.0.0.1:1"}
+    assert spec.extra["profile"] == "site"

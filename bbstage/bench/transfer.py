@@ -13,6 +13,7 @@ from bbstage import worker
 from bbstage.bench.model import BenchError, Plan, Run
 from bbstage.config import Config
 from bbstage.movers import FileTask
+from bbstage.movers.implementations import s3 as s3mover
 from bbstage.transfer import Planned, TransferSpec
 
 SAMPLE_EVERY = 0.1  # seconds between throughput samples
@@ -72,7 +73,9 @@ def make_spec(
         overwrite="always",
         threads=config.threads_per_transfer,
         chunk_size=config.chunk_size,
-        extra={"s3": config.s3, "profile": profile},
+        # As the engine builds it: the account table never crosses to the worker; the
+        # caller's mapped credentials do (bench runs as the admin who calls it).
+        extra=s3mover.spec_extra(config.s3, os.getuid(), profile),
     )
 
 
