@@ -17,7 +17,10 @@ from bbstage.movers.base import (
     TransferError,
 )
 
-__all__ = ["Cancelled", "FileTask", "Mover", "MoverOptions", "Progress", "TransferError", "get"]
+__all__ = [
+    "Cancelled", "FileTask", "Mover", "MoverOptions", "Progress", "TransferError",
+    "check_settings", "get",
+]  # fmt: skip
 
 # (source kind, destination kind) -> "module:Class" under bbstage.movers.implementations
 registry: dict[tuple[str, str], str] = {
@@ -25,6 +28,22 @@ registry: dict[tuple[str, str], str] = {
     ("s3", "posix"): "s3:S3Download",
     ("posix", "s3"): "s3:S3Upload",
 }
+# location kind -> "module:Class" of its daemon-side settings (a ``from_config`` classmethod)
+settings: dict[str, str] = {
+    "s3": "s3.settings:S3Settings",
+}
+
+
+def _load(target: str) -> object:
+    module, name = target.split(":")
+    return getattr(import_module(f"bbstage.movers.implementations.{module}"), name)
+
+
+def check_settings(kind: str, raw: dict[str, object]) -> None:
+    """Check a backend's table of the daemon config (e.g. ``[s3]``); ``TransferError`` names
+    what is wrong. The backend is imported only here, when a config is read for a daemon."""
+    if kind in settings:
+        _load(settings[kind]).from_config(raw)  # type: ignore[attr-defined]
 
 
 def get(src_kind: str, dst_kind: str) -> type[Mover]:
@@ -35,5 +54,4 @@ def get(src_kind: str, dst_kind: str) -> type[Mover]:
         target = registry[(src_kind, dst_kind)]
     except KeyError:
         raise TransferError(f"staging from {src_kind} to {dst_kind} is not supported") from None
-    module, cls = target.split(":")
-    return getattr(import_module(f"bbstage.movers.implementations.{module}"), cls)
+    return _load(target)  # type: ignore[return-value]
