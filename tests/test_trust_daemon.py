@@ -125,9 +125,20 @@ def test_sigkill_of_the_daemon_leaves_no_temp_file_after_the_restart(area: Path)
     uid, gid = user_ids()
     data, dst, job = set_up_stage_in(d, area, "320", 24, 8 << 20)
     hook = blocking_data_in(d, "320", job)
-    wait_until(lambda: dst.exists() and temps(dst), 60, "a temporary file in the destination")
-    for pid in workers(d, uid):
-        os.kill(pid, signal.SIGKILL)  # with the daemon, as a power cut or an OOM kill would
+    # Freeze the workers while a temporary file exists (a file can land between seeing its
+    # temporary name and the kill: CI saw that), then kill them with the daemon, as a power
+    # cut or an OOM kill would.
+    for _ in range(20):
+        wait_until(lambda: dst.exists() and temps(dst), 60, "a temporary file in the destination")
+        frozen = workers(d, uid)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        if temps(dst):
+            break
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    for pid in frozen:
+        os.kill(pid, signal.SIGKILL)
     d.kill()
     assert temps(dst), "the kill came too late to leave a temporary file"
     d2 = start_daemon(area / "d")
