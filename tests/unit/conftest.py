@@ -1,14 +1,27 @@
-"""An S3 endpoint for the unit tests: moto's server on 127.0.0.1, one per test module."""
+"""Fixtures shared by the unit tests: a directory every user may write, and an S3 endpoint
+(moto's server on 127.0.0.1, one per test module)."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
+
+
+@pytest.fixture
+def area() -> Iterator[Path]:
+    """A directory every user may write (tmp_path is root's alone): workers run as others."""
+    path = Path(tempfile.mkdtemp(prefix="bbstage-unit-", dir="/var/tmp"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

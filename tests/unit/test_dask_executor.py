@@ -5,8 +5,6 @@ user, the plan precedes the outcome, an unknown uid is refused, a cancel kills t
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -48,15 +46,6 @@ def executor(client: Any) -> Iterator[DaskExecutor]:
     yield ex
     for key in list(ex._attempts):
         ex.cancel(key)
-
-
-@pytest.fixture
-def area() -> Iterator[Path]:
-    """A directory every user may write (tmp_path is root's alone)."""
-    path = Path(tempfile.mkdtemp(prefix="bbstage-dask-", dir="/var/tmp"))
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def sparse(area: Path, size: int = 8 << 30) -> Path:

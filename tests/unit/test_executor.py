@@ -5,9 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pwd
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,15 +24,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="workers drop from roo
 
 NOBODY = Identity(65534, 65534, (65534,))
 DAEMON = Identity(1, 1, (1,))
-
-
-@pytest.fixture
-def area() -> Iterator[Path]:
-    """A directory every user may write (tmp_path is root's alone)."""
-    path = Path(tempfile.mkdtemp(prefix="bbstage-executor-", dir="/var/tmp"))
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
