@@ -89,14 +89,14 @@ def test_slurmctld_restart_during_stage_in(cluster: Cluster, workdir: Path) -> N
     check_all(cluster, workdir, jobs, 40, stranded_ok=True)
 
 
+# 24.11 only: its state saving (read in its code); 22.05's data_in is one blocking call.
+@pytest.mark.parametrize("cluster", ["24.11"], indirect=True)
 def test_a_job_slurm_strands_in_stage_in_is_cancelled_with_the_reason(
     cluster: Cluster, workdir: Path
 ) -> None:
     # What Slurm 24.11 does in a rare race (bbstage/reconcile.py), made on purpose: slurmctld
     # stops during a stage-in, the teardown its failed hook causes reaches the daemon, and
     # the job's buffer record is not saved, while the job's record still says staging-in.
-    if cluster.slurm != "24.11":
-        pytest.skip("24.11's state saving (read in its code); 22.05's data_in is one blocking call")
     src = make_tree(workdir / "src", 400, 256 << 10, digits=3)
     as_user(workdir)
     job = cluster.submit(
