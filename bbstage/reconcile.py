@@ -115,9 +115,8 @@ async def once(
     unlisted; ``stranded``: job id → when first seen stranded; both carried between passes."""
     missing = {} if missing is None else missing
     stranded = {} if stranded is None else stranded
-    wall = time.time()
     jobs = engine.store.jobs(BEFORE_RUN + AFTER_RUN)
-    cancelled = [j for j in engine.store.jobs(("cancelled",)) if wall - j.updated < STRANDED_WATCH]
+    cancelled = engine.store.jobs(("cancelled",), updated_since=time.time() - STRANDED_WATCH)
     if not jobs and not cancelled:
         missing.clear()
         stranded.clear()

@@ -241,14 +241,23 @@ class Store:
             self._cache[job_id] = job
         return job
 
-    def jobs(self, states: tuple[str, ...] | None = None) -> list[JobRow]:
-        """Jobs (oldest first), only those in ``states`` if given: two queries in all (the
-        reconciler asks every few seconds, and finished jobs stay for ``retention_days``)."""
-        where, args = "", ()
+    def jobs(
+        self, states: tuple[str, ...] | None = None, updated_since: float | None = None
+    ) -> list[JobRow]:
+        """Jobs (oldest first), only those in ``states`` and last updated at or after
+        ``updated_since`` if given: two queries in all (the reconciler asks every few seconds,
+        and finished jobs stay for ``retention_days``)."""
+        terms: list[str] = []
+        args: tuple[Any, ...] = ()
         if states is not None:
             if not states:
                 return []
-            where, args = f" WHERE state IN ({','.join('?' * len(states))})", tuple(states)
+            terms.append(f"state IN ({','.join('?' * len(states))})")
+            args += tuple(states)
+        if updated_since is not None:
+            terms.append("updated >= ?")
+            args += (updated_since,)
+        where = f" WHERE {' AND '.join(terms)}" if terms else ""
         with self._lock:
             rows = self._db.execute(f"SELECT * FROM jobs{where} ORDER BY created", args)
             jobs = {r["job_id"]: JobRow(**dict(r)) for r in rows}

@@ -21,10 +21,10 @@ class FakeEngine:
         made = time.time()
         self.config = SimpleNamespace(slurm_conf=None)
         self.store = SimpleNamespace(
-            jobs=lambda states: [
+            jobs=lambda states, updated_since=None: [
                 SimpleNamespace(job_id=i, state=s, updated=made)
                 for i, s in self.jobs.items()
-                if s in states
+                if s in states and (updated_since is None or made >= updated_since)
             ],
             set_job=self.set_job,
         )

@@ -37,6 +37,16 @@ def test_jobs_by_state_with_their_directives(tmp_path: Path) -> None:
     assert store.jobs(("running",))[1].directives == store.job("104").directives  # type: ignore[union-attr]
 
 
+def test_jobs_updated_since(tmp_path: Path) -> None:
+    store = store_with_jobs(tmp_path)
+    cutoff = store.job("104").updated  # type: ignore[union-attr]
+    store.set_job("101", state="running")  # updated again: after the cutoff
+    assert [j.job_id for j in store.jobs(("running",), updated_since=cutoff)] == ["101", "104"]
+    later = store.job("101").updated + 1  # type: ignore[union-attr]
+    assert store.jobs(updated_since=later) == []
+    assert [j.job_id for j in store.jobs(("done",), updated_since=0)] == ["102"]
+
+
 def test_counts(tmp_path: Path) -> None:
     assert store_with_jobs(tmp_path).counts() == {"setup": 1, "running": 2, "done": 1, "failed": 1}
 
