@@ -1,10 +1,11 @@
 """Reconcile with slurmctld: tear down staging for jobs that Slurm no longer runs.
 
-Slurm may never deliver a teardown: on 22.05 an `scancel` during stage-in kills the
-data_in hook *and* the teardown it has just started ("teardown ... terminated by
-slurmctld"), and a daemon that was down misses every hook sent meanwhile. So every
-``reconcile_interval`` seconds the daemon asks `squeue` about the jobs it is staging and
-runs teardown(hurry=true) itself for a job that is dead before it ran, or gone from Slurm.
+Slurm may never deliver a teardown: an `scancel` of a pending job flushes its scripts while
+it queues the job's teardown, so the data_in hook *and* that teardown die ("teardown ...
+terminated by slurmctld"; always on 22.05, at times on 24.11), and a daemon that was down
+misses every hook sent meanwhile. So every ``reconcile_interval`` seconds the daemon asks
+`squeue` about the jobs it is staging and runs teardown(hurry=true) itself for a job that is
+dead before it ran, or gone from Slurm.
 
 It also ends jobs Slurm has *stranded*. Slurm 24.11 saves its job records before its burst
 buffer records when it stops; if a stage-in hook fails in that moment (slurmscriptd reports
