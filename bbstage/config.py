@@ -59,18 +59,30 @@ class Movers:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     resources: str = "dtn"  # each task asks its workers for one unit of this resource
+    shards: int = 0  # a tree is split into this many tasks (0: one per worker with it)
+
+
+def _count(value: Any) -> int:
+    """A TOML integer, 0 or more."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{value!r} is not a whole number, 0 or more")
+    return value
 
 
 def _movers(data: dict[str, Any], source: str) -> Movers:
     """The [movers] section; ``dask`` needs a ``tls://`` scheduler and all three TLS files."""
-    keys = {"engine": _text, "scheduler": _text, "tls_ca_file": Path, "tls_cert": Path,
-            "tls_key": Path, "resources": _text}  # fmt: skip
+
+    def path(value: Any) -> Path:
+        return Path(_text(value))
+
+    keys = {"engine": _text, "scheduler": _text, "tls_ca_file": path, "tls_cert": path,
+            "tls_key": path, "resources": _text, "shards": _count}  # fmt: skip
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in keys:
             raise ConfigError(f"{source}: [movers] unknown key {key!r}")
         try:
-            kwargs[key] = keys[key](_text(value))
+            kwargs[key] = keys[key](value)
         except ValueError as exc:
             raise ConfigError(f"{source}: [movers] {key}: {exc}") from None
     movers = Movers(**kwargs)

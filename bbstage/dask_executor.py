@@ -12,6 +12,11 @@ covers the plan" always has this attempt's plan, and nothing of the attempt reac
 
 Dask does not stop a running task, so ``cancel`` sets the attempt's ``distributed.Event``
 (the task polls it and kills the copy's process group) and waits for the task to end.
+A tree is split into shards (``Shard``: the files whose destination hashes to it), one
+attempt each, as many as there are workers with the resource (or ``[movers] shards``), so
+its files move through every node at once; the attempts' events are summed into the
+transfer's (``_Split``), and the transfer is done when every shard is. A failed shard
+stops its siblings; the transfer fails with its error (the engine tries again, resumed).
 ``distributed`` is imported only here, only when ``[movers] engine = "dask"``.
 """
 
@@ -30,12 +35,67 @@ from bbstage import remote
 from bbstage.config import Movers
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
-from bbstage.transfer import Done, Failed, Moved, Planned, TransferSpec
+from bbstage.transfer import Done, Event, Failed, Moved, Planned, Shard, TransferSpec
 
 log = structlog.get_logger("bbstage.dask")
 
 CANCEL_WAIT = 5.0  # seconds cancel waits for the remote copy to be stopped
 CONNECT_TIMEOUT = 10.0
+
+
+class _Split:
+    """The shards of one transfer as one: their events summed for the engine, their
+    outcomes combined into the transfer's future once every shard has ended."""
+
+    def __init__(self, count: int, on_event: Any, future: Future[Done], stop: Any) -> None:
+        self._lock = threading.Lock()
+        self._on_event, self._future, self._stop = on_event, future, stop
+        self._planned: list[Planned | None] = [None] * count
+        self._moved: list[Moved] = [Moved(0, 0)] * count
+        self._outcomes: list[Future[Done]] = []
+        self._first: BaseException | None = None  # the first shard's failure, in time
+
+    def event(self, index: int) -> Any:
+        """Shard ``index``'s ``on_event``."""
+
+        def on_event(event: Event) -> None:
+            with self._lock:
+                if isinstance(event, Planned):
+                    self._planned[index] = event
+                    known = [p for p in self._planned if p is not None]
+                    final = len(known) == len(self._planned) and all(p.final for p in known)
+                    total = Planned(sum(p.bytes for p in known), sum(p.files for p in known), final)
+                    self._on_event(total)
+                elif isinstance(event, Moved):
+                    self._moved[index] = event
+                    self._on_event(Moved(sum(m.bytes for m in self._moved),
+                                         sum(m.files for m in self._moved)))  # fmt: skip
+
+        return on_event
+
+    def outcome(self) -> Future[Done]:
+        """A shard's future: the transfer resolves when all have."""
+        shard: Future[Done] = Future()
+        self._outcomes.append(shard)
+        shard.add_done_callback(self._ended)
+        return shard
+
+    def _ended(self, shard: Future[Done]) -> None:
+        error = shard.exception()
+        with self._lock:
+            first = error is not None and self._first is None
+            if first:
+                self._first = error
+            ended = all(f.done() for f in self._outcomes)
+        if first:
+            self._stop()  # the others need not go on: the transfer is tried again
+        if not ended or self._future.done():
+            return
+        if self._first is not None:  # not the siblings' "cancelled" it caused
+            self._future.set_exception(self._first)
+        else:
+            dones = [f.result() for f in self._outcomes]
+            self._future.set_result(Done(sum(d.bytes for d in dones), sum(d.files for d in dones)))
 
 
 @dataclass
@@ -58,7 +118,7 @@ class DaskExecutor:
         self._client: Any = client
         self._lock = threading.Lock()
         self._connecting = threading.Lock()
-        self._attempts: dict[str, _Attempt] = {}
+        self._attempts: dict[str, list[_Attempt]] = {}  # transfer key → its running attempts
         self._cancelled: set[str] = set()
         self._closing = False
         # Connecting and waiting on results block: never on the daemon's event loop.
@@ -66,7 +126,7 @@ class DaskExecutor:
 
     @property
     def running(self) -> int:
-        """Attempts submitted and not finished."""
+        """Transfers submitted and not finished."""
         return len(self._attempts)
 
     @property
@@ -78,24 +138,23 @@ class DaskExecutor:
         return 0
 
     def nodes(self) -> dict[str, str]:
-        """Which node runs which transfer (key → node), as far as events told."""
+        """Which nodes run which transfer (key → nodes), as far as events told."""
         with self._lock:
-            return {k: a.node for k, a in self._attempts.items() if a.node}
+            found = {k: {a.node for a in group if a.node} for k, group in self._attempts.items()}
+        return {k: ",".join(sorted(v)) for k, v in found.items() if v}
 
     def submit(self, key: str, spec: TransferSpec, identity: Identity, on_event: Any) -> Future:
         """Start a transfer on the cluster; ``on_event`` gets ``Planned`` and ``Moved``."""
         future: Future[Done] = Future()
-        attempt = _Attempt(key, f"{key}.{uuid.uuid4().hex[:12]}", on_event, future)
         with self._lock:
             self._cancelled.discard(key)
-            self._attempts[key] = attempt
-        self._threads.submit(self._guarded, attempt, spec, identity)
+            self._attempts[key] = []
+        self._threads.submit(self._guarded, key, spec, identity, on_event, future)
         return future
 
     def cancel(self, key: str) -> None:
-        """Stop a transfer: its task kills the remote copy; wait until it did."""
-        attempt = self._signal(key)
-        if attempt is not None:
+        """Stop a transfer: its tasks kill the remote copies; wait until they did."""
+        for attempt in self._signal(key):
             self._wait(attempt, CANCEL_WAIT)
 
     def shutdown(self) -> None:
@@ -103,7 +162,7 @@ class DaskExecutor:
         with self._lock:
             self._closing = True
             keys = list(self._attempts)
-        attempts = [a for a in map(self._signal, keys) if a is not None]
+        attempts = [a for key in keys for a in self._signal(key)]
         for attempt in attempts:
             self._wait(attempt, CANCEL_WAIT / len(attempts))
         self._threads.shutdown(wait=False)
@@ -113,18 +172,17 @@ class DaskExecutor:
             except Exception:
                 pass
 
-    def _signal(self, key: str) -> _Attempt | None:
-        """Mark ``key`` cancelled and set its attempt's event; the attempt if it runs."""
+    def _signal(self, key: str) -> list[_Attempt]:
+        """Mark ``key`` cancelled and set its attempts' events; the attempts that run."""
         with self._lock:
             self._cancelled.add(key)
-            attempt = self._attempts.get(key)
-        if attempt is None or attempt.dask is None:
-            return None  # not submitted yet: _start sees the cancel
-        try:
-            attempt.cancel.set()
-        except Exception as exc:  # the scheduler is gone: the task is released with it
-            log.warning("could not signal the cancel", attempt=attempt.id, error=str(exc))
-        return attempt
+            running = [a for a in self._attempts.get(key, []) if a.dask is not None]
+        for attempt in running:  # one not submitted yet sees the cancel in _start
+            try:
+                attempt.cancel.set()
+            except Exception as exc:  # the scheduler is gone: the task is released with it
+                log.warning("could not signal the cancel", attempt=attempt.id, error=str(exc))
+        return running
 
     def _wait(self, attempt: _Attempt, seconds: float) -> None:
         """Wait for the attempt's task to end, then release it (if it had not started)."""
@@ -158,25 +216,72 @@ class DaskExecutor:
                 )
             return self._client
 
-    def _guarded(self, attempt: _Attempt, spec: TransferSpec, identity: Identity) -> None:
+    def _shards(self, client: Any, spec: TransferSpec) -> int:
+        """How many shards a transfer is split into: trees across the workers that have
+        the resource (or ``[movers] shards`` of them); a single file stays one task."""
+        if not spec.tree or spec.shard is not None:
+            return 1
+        if self._movers.shards:
+            return self._movers.shards
+        workers = client.scheduler_info().get("workers", {}).values()
+        tag = self._movers.resources
+        return max(1, sum(1 for w in workers if w.get("resources", {}).get(tag)))
+
+    def _guarded(
+        self, key: str, spec: TransferSpec, identity: Identity, on_event: Any, future: Future[Done]
+    ) -> None:
+        """Split the transfer into its attempts and start them; whatever happens, the
+        future gets an outcome."""
+        base = f"{key}.{uuid.uuid4().hex[:12]}"
         try:
-            self._start(attempt, spec, identity)
+            client = self._connect()
+            count = self._shards(client, spec)
         except Exception as exc:
-            self._resolve(
-                attempt,
-                error=TransferError(
+            with self._lock:
+                self._attempts.pop(key, None)
+            future.set_exception(TransferError(
+                f"could not submit to the Dask scheduler {self._movers.scheduler}: {exc}",
+                permanent=False,
+            ))  # fmt: skip
+            return
+        if count == 1:
+            attempts = [(_Attempt(key, base, on_event, future), spec)]
+        else:
+            split = _Split(count, on_event, future, lambda: self._signal_siblings(key))
+            attempts = [
+                (_Attempt(key, f"{base}/{i}", split.event(i), split.outcome()),
+                 spec.but(shard=Shard(i, count)))
+                for i in range(count)
+            ]  # fmt: skip
+        with self._lock:
+            self._attempts.setdefault(key, []).extend(a for a, _ in attempts)
+        for attempt, shard_spec in attempts:
+            try:
+                self._start(client, attempt, shard_spec, identity)
+            except Exception as exc:
+                self._resolve(attempt, error=TransferError(
                     f"could not submit to the Dask scheduler {self._movers.scheduler}: {exc}",
                     permanent=False,
-                ),
-            )
+                ))  # fmt: skip
 
-    def _start(self, attempt: _Attempt, spec: TransferSpec, identity: Identity) -> None:
+    def _signal_siblings(self, key: str) -> None:
+        """A shard failed: stop the others (without marking the transfer cancelled)."""
+        with self._lock:
+            running = [a for a in self._attempts.get(key, []) if a.dask is not None]
+        for attempt in running:
+            try:
+                attempt.cancel.set()
+            except Exception:
+                pass
+
+    def _start(
+        self, client: Any, attempt: _Attempt, spec: TransferSpec, identity: Identity
+    ) -> None:
         from distributed import Event as DaskEvent
 
         if attempt.key in self._cancelled or self._closing:
             self._resolve(attempt, error=Cancelled())
             return
-        client = self._connect()
         client.subscribe_topic(attempt.id, lambda event: self._event(attempt, event[1]))
         cancel_name = f"bbstage-cancel-{attempt.id}"
         with self._lock:
@@ -266,8 +371,11 @@ class DaskExecutor:
             if planned is not None:
                 attempt.on_event(planned)
             attempt.finished = True
-            if self._attempts.get(attempt.key) is attempt:
-                del self._attempts[attempt.key]
+            group = self._attempts.get(attempt.key)
+            if group is not None and attempt in group:
+                group.remove(attempt)
+                if not group:
+                    del self._attempts[attempt.key]
         if self._client is not None:
             try:
                 self._client.unsubscribe_topic(attempt.id)

@@ -9,10 +9,24 @@ import os
 import queue
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 
 from bbstage.movers import FileTask, Mover, TransferError, localfs
-from bbstage.transfer import Planned, ScratchLimit
+from bbstage.transfer import Planned, ScratchLimit, Shard
+
+
+def in_shard(dst: str, shard: Shard) -> bool:
+    """Whether the file at ``dst`` belongs to ``shard`` (a stable hash of the path)."""
+    return zlib.crc32(os.fsencode(dst)) % shard.count == shard.index
+
+
+def only(tasks: Iterable[FileTask], shard: Shard | None) -> Iterable[FileTask]:
+    """The plan of one shard: every directory (each shard makes the ones it walks), and the
+    files and links of the shard."""
+    if shard is None or shard.count == 1:
+        return tasks
+    return (t for t in tasks if t.kind == "dir" or in_shard(t.dst, shard))
 
 
 def select(mover: Mover, tasks: Iterable[FileTask], overwrite: str) -> Iterator[FileTask]:
@@ -160,9 +174,10 @@ class Walk:
                         pass
 
 
-def remove_stale_temps(tasks: Iterable[FileTask], job_id: str) -> int:
+def remove_stale_temps(tasks: Iterable[FileTask], job_id: str, shard: Shard | None = None) -> int:
     """Remove the temporary files an earlier, killed attempt of this job left in the
     local destination directories of ``tasks`` (as the user); how many were removed.
+    With ``shard``, only those of its files (other shards may be copying beside it).
     Each directory is read once per run of its entries (a walk keeps a directory's
     entries together), so nothing grows with the number of files."""
     pattern, removed, last = localfs.temp_pattern(job_id), 0, None
@@ -176,9 +191,10 @@ def remove_stale_temps(tasks: Iterable[FileTask], job_id: str) -> int:
         except OSError:
             continue
         for name in names:
-            if pattern.match(name):
+            path = os.path.join(parent, name)
+            if pattern.match(name) and (shard is None or in_shard(localfs.temp_owner(path), shard)):
                 try:
-                    os.unlink(os.path.join(parent, name))
+                    os.unlink(path)
                     removed += 1
                 except OSError:
                     pass

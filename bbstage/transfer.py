@@ -28,6 +28,16 @@ class ScratchLimit:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """Share ``index`` of ``count`` of a tree: the files whose destination path hashes to
+    ``index`` (``bbstage.planning.in_shard``). Every share walks the whole tree and makes its
+    directories; shares copy disjoint files, so they run on different nodes at once."""
+
+    index: int
+    count: int
+
+
+@dataclass(frozen=True)
 class TransferSpec:
     """One directive's transfer, with every location resolved (no ``$BB_SCRATCH`` left)."""
 
@@ -45,6 +55,7 @@ class TransferSpec:
     extra: dict[str, Any] = field(default_factory=dict)  # backend settings (S3 keys...)
     scratch_limit: ScratchLimit | None = None
     resumed: bool = False  # an earlier attempt may have left temporary files behind
+    shard: Shard | None = None  # only this share of a tree's files (split across nodes)
 
     @classmethod
     def between(cls, source: str, destination: str, **fields: Any) -> TransferSpec:

@@ -201,14 +201,15 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
         budget = None
         # First passes, before anything is copied; they keep counts, never the plan.
         if spec.resumed:
-            planning.remove_stale_temps(tasks, spec.job_id)
+            planning.remove_stale_temps(tasks, spec.job_id, spec.shard)
             tasks = tasks if again else _plan(mover, spec, cancel)
-        if spec.scratch_limit is not None:
+        if spec.scratch_limit is not None:  # the whole tree must fit, whichever the shard
             chosen = planning.select(mover, tasks, spec.overwrite)
             budget = planning.check_capacity(chosen, spec.scratch_limit)
             tasks = tasks if again else _plan(mover, spec, cancel)
+        mine = planning.only(tasks, spec.shard)
         _copy_all(
-            mover, planning.select(mover, tasks, spec.overwrite), reporter, cancel, None, budget
+            mover, planning.select(mover, mine, spec.overwrite), reporter, cancel, None, budget
         )
     finally:
         mover.close()

@@ -21,7 +21,7 @@ from bbstage.dask_executor import DaskExecutor  # noqa: E402
 from bbstage.identity import Identity  # noqa: E402
 from bbstage.movers import Cancelled, TransferError  # noqa: E402
 from bbstage.transfer import Done, Failed, Moved, Planned, TempFile, TransferSpec  # noqa: E402
-from tests.helpers import file_digest, wait_until  # noqa: E402
+from tests.helpers import file_digest, make_tree, tree_digests, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the child drops from root to a user")
 
@@ -189,7 +189,7 @@ def test_a_task_released_by_the_scheduler_stops_its_copy(
         "5:0", TransferSpec.between(str(big), str(area / "out")), NOBODY, events.append
     )
     wait_until(lambda: partial(area), 60, "the copy's temporary file")
-    client.cancel(executor._attempts["5:0"].dask)
+    client.cancel(executor._attempts["5:0"][0].dask)
     wait_until(lambda: not children(NOBODY.uid), 3, "the copy to end")
     with pytest.raises((Cancelled, TransferError)):
         future.result(timeout=10)
@@ -239,3 +239,52 @@ def test_dask_needs_mutual_tls_in_the_config() -> None:
 
 def test_threads_are_not_left_behind(executor: DaskExecutor) -> None:
     assert not [t for t in threading.enumerate() if t.name == "bbstage-cancel-watch"]
+
+
+@pytest.fixture
+def split(client: Any) -> Iterator[DaskExecutor]:
+    """An executor that splits every tree into 3 shards (on this one worker, in turn)."""
+    ex = DaskExecutor(config.Movers(engine="dask", shards=3), 4, client=client)
+    yield ex
+    for key in list(ex._attempts):
+        ex.cancel(key)
+
+
+def test_a_tree_split_into_shards_is_staged_whole_with_one_summed_plan(
+    area: Path, split: DaskExecutor
+) -> None:
+    src = make_tree(area / "src", 120, 5000)
+    os.system(f"chmod -R a+rX {src}")
+    seen: list[tuple[Any, bool]] = []
+    future: Future[Done] = Future()
+    inner = split.submit(
+        "9:0",
+        TransferSpec.between(f"{src}/", f"{area}/dst/"),
+        NOBODY,
+        lambda e: seen.append((e, future.done())),
+    )
+    inner.add_done_callback(lambda f: future.set_result(f.result()))
+    done = future.result(timeout=120)
+    total = sum(f.stat().st_size for f in src.rglob("*") if f.is_file())
+    assert done == Done(total, 120)
+    finals = [e for e, _ in seen if isinstance(e, Planned) and e.final]
+    assert set(finals) == {Planned(total, 120)}  # final only once every shard's walk ended
+    assert not [e for e, after in seen if after], "an event arrived after the outcome"
+    assert tree_digests(area / "dst") == tree_digests(src)
+
+
+def test_a_failed_shard_fails_the_transfer_with_its_own_error(
+    area: Path, split: DaskExecutor
+) -> None:
+    src = make_tree(area / "src", 60, 100)
+    os.system(f"chmod -R a+rX {src}")
+    secret = sorted(src.rglob("*"))[-1]
+    secret.chmod(0o600)  # root's: nobody cannot read it
+    future = split.submit(
+        "9:1", TransferSpec.between(f"{src}/", f"{area}/dst/"), NOBODY, lambda e: None
+    )
+    with pytest.raises(TransferError, match="ermission denied") as info:
+        future.result(timeout=120)
+    assert "cancelled" not in str(info.value)
+    wait_until(lambda: not split._attempts, 10, "every shard to end")
+    assert not partial(area / "dst")
