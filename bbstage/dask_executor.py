@@ -40,7 +40,7 @@ from bbstage.transfer import Done, Event, Failed, Moved, Planned, Shard, Transfe
 log = structlog.get_logger("bbstage.dask")
 
 CANCEL_WAIT = 5.0  # seconds cancel waits for the remote copy to be stopped
-CONNECT_TIMEOUT = 10.0
+SCHEDULER_WAIT = 60.0  # seconds a transfer waits for an unreachable scheduler to come back
 
 
 class _Split:
@@ -196,24 +196,26 @@ class DaskExecutor:
             pass
 
     def _connect(self) -> Any:
+        """The client; a new one if there is none or the old one gave up (the scheduler
+        was away longer than ``SCHEDULER_WAIT``)."""
         with self._connecting:
-            if self._client is None:
-                from distributed import Client
-                from distributed.security import Security
+            if self._client is not None and self._client.status not in ("closing", "closed"):
+                return self._client
+            from distributed import Client
+            from distributed.security import Security
 
-                movers = self._movers
-                security = Security(
-                    tls_ca_file=str(movers.tls_ca_file),
-                    tls_client_cert=str(movers.tls_cert),
-                    tls_client_key=str(movers.tls_key),
-                    require_encryption=True,
-                )
-                self._client = Client(
-                    movers.scheduler,
-                    security=security,
-                    timeout=CONNECT_TIMEOUT,
-                    set_as_default=False,
-                )
+            movers = self._movers
+            security = Security(
+                tls_ca_file=str(movers.tls_ca_file),
+                tls_client_cert=str(movers.tls_cert),
+                tls_client_key=str(movers.tls_key),
+                require_encryption=True,
+            )
+            # The timeout bounds the first connection and every reconnection (after that
+            # the client closes, and the next transfer makes a new one).
+            self._client = Client(
+                movers.scheduler, security=security, timeout=SCHEDULER_WAIT, set_as_default=False
+            )
             return self._client
 
     def _shards(self, client: Any, spec: TransferSpec) -> int:
@@ -335,12 +337,13 @@ class DaskExecutor:
         try:
             result = attempt.dask.result()
         except Exception as exc:
-            if attempt.key in self._cancelled or attempt.dask.cancelled():
+            if attempt.key in self._cancelled:
                 self._resolve(attempt, error=Cancelled())
-            else:
-                self._resolve(
-                    attempt, error=TransferError(f"Dask task failed: {exc}", permanent=False)
+            else:  # e.g. lost with a scheduler that restarted: the engine tries again
+                reason = (
+                    "lost (cancelled by Dask)" if attempt.dask.cancelled() else f"failed: {exc}"
                 )
+                self._resolve(attempt, error=TransferError(f"Dask task {reason}", permanent=False))
             return
         outcome, planned = result.get("outcome"), result.get("planned")
         log.info("transfer ended", attempt=attempt.id, node=result.get("node"),

@@ -112,7 +112,14 @@ def run_attempt(
         return result
     # Bound to the worker's client here, in the task's thread: the watcher's thread has
     # no client of its own to find (is_set would raise there, and the cancel never come).
-    cancel = DaskEvent(cancel_name, client=get_client())
+    client = get_client()
+    cancel = DaskEvent(cancel_name, client=client)
+    # Dask reruns the task of a worker that died: that run sweeps the temporary files the
+    # dead one left (only its shard's), as a resumed transfer does.
+    started = DaskEvent(f"bbstage-started-{attempt}", client=client)
+    if started.is_set():
+        spec = spec.but(resumed=True)
+    started.set()
 
     def cancelled() -> bool:
         state = worker.state.tasks.get(key)

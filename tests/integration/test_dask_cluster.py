@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import ssl
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.cluster
 distributed = pytest.importorskip("distributed")
 
 WORKERS = 2
+DTNS = {f"dtn{i}" for i in range(1, WORKERS + 1)}
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +107,78 @@ def test_a_tree_is_staged_in_and_out_through_dask_as_the_user(
     uid = int(cluster.run("id", "-u", USER).strip())
     for path in [*inside.rglob("*"), *back.rglob("*")]:
         assert path.lstat().st_uid == uid, path
-    # Both directives ran as Dask tasks on the transfer nodes, not in local workers.
-    nodes = {e["attempt"].split(".")[0]: e["node"] for e in ended(cluster, job)}
-    assert set(nodes) == {f"{job}:0", f"{job}:1"}, nodes
-    assert all(n.startswith("dtn") for n in nodes.values()), nodes
+    # Both directives ran as Dask tasks on the transfer nodes, not in local workers, each
+    # split into one shard per node, the shards on different nodes at once.
+    nodes: dict[str, set[str]] = {}
+    for e in ended(cluster, job):
+        nodes.setdefault(e["attempt"].split(".")[0], set()).add(e["node"])
+    assert nodes == {f"{job}:0": DTNS, f"{job}:1": DTNS}, nodes
+
+
+def movers(*args: str) -> str:
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "local-movers"), *args],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"local-movers {' '.join(args)}: {proc.stderr}"
+    return proc.stdout
+
+
+def kill_group(pidfile: Path) -> None:
+    """SIGKILL the process group a pid file of local-movers names (setsid: the process,
+    its nanny's worker, ...); the copies' own sessions survive it, as on a node that died
+    they would not: they notice and end."""
+    os.killpg(int(pidfile.read_text().split()[0]), signal.SIGKILL)
+
+
+def parts(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if ".bbstage-" in p.name]
+
+
+def staged_through_a_fault(cluster: Cluster, workdir: Path, fault: Any) -> None:
+    """Stage a tree in; when a few files have landed, ``fault()``; the job must still run
+    on the whole tree, byte for byte, with no temporary file left behind."""
+    src = make_tree(workdir / "src", 48, 8 << 20, fill="rotated")  # 384 MiB: ~5 s at 2x40 MB/s
+    as_user(workdir)
+    dst = workdir / "dst"
+    job = cluster.submit(
+        workdir,
+        f"#!/bin/bash\n#BB_LUA stage_in source={src}/ destination={dst}/\n"
+        f"ls {dst} | wc -l > count.txt\n",
+    )
+    wait_until(lambda: dst.exists() and len(os.listdir(dst)) >= 6, 120, "a few files staged")
+    fault()
+    cluster.wait_gone(job, timeout=400)
+    assert cluster.job(job)["JobState"] == "COMPLETED", cluster.status(job)
+    assert (workdir / "count.txt").read_text().split() == ["48"]
+    assert tree_digests(dst) == tree_digests(src)
+    assert not parts(dst), parts(dst)
+
+
+def test_a_worker_killed_mid_transfer_leaves_a_complete_verified_job(
+    cluster: Cluster, workdir: Path
+) -> None:
+    run = Path(cluster.env["BBSTAGE_MOVERS_DIR"]) / "run"
+    try:
+        staged_through_a_fault(cluster, workdir, lambda: kill_group(run / "worker-1.pid"))
+    finally:
+        movers("up", str(WORKERS))  # the node comes back
+
+
+def test_a_scheduler_restart_mid_transfer_leaves_a_complete_verified_job(
+    cluster: Cluster, workdir: Path
+) -> None:
+    run = Path(cluster.env["BBSTAGE_MOVERS_DIR"]) / "run"
+
+    def restart() -> None:
+        kill_group(run / "scheduler.pid")
+        time.sleep(2)
+        movers("up", str(WORKERS))
+
+    try:
+        staged_through_a_fault(cluster, workdir, restart)
+    finally:
+        movers("up", str(WORKERS))
 
 
 def test_scancel_stops_the_remote_copy_within_2s(cluster: Cluster, workdir: Path) -> None:
