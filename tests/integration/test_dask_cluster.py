@@ -136,9 +136,16 @@ def parts(root: Path) -> list[Path]:
 
 
 def staged_through_a_fault(cluster: Cluster, workdir: Path, fault: Any) -> None:
-    """Stage a tree in; when a few files have landed, ``fault()``; the job must still run
-    on the whole tree, byte for byte, with no temporary file left behind."""
-    src = make_tree(workdir / "src", 48, 8 << 20, fill="rotated")  # 384 MiB: ~5 s at 2x40 MB/s
+    """Stage a tree in; once a copy is under way, ``fault()``; the job must still run on
+    the whole tree, byte for byte, with no temporary file left behind. The files are
+    sparse, 512 MiB each: the copies share the file system (the rate cap is on the
+    network), and a copy must last long enough for the fault to find it mid-file."""
+    src = workdir / "src"
+    src.mkdir()
+    for i in range(8):
+        with open(src / f"f{i}", "wb") as f:
+            f.write(os.urandom(4096))
+            f.truncate(512 << 20)
     as_user(workdir)
     dst = workdir / "dst"
     job = cluster.submit(
@@ -146,21 +153,34 @@ def staged_through_a_fault(cluster: Cluster, workdir: Path, fault: Any) -> None:
         f"#!/bin/bash\n#BB_LUA stage_in source={src}/ destination={dst}/\n"
         f"ls {dst} | wc -l > count.txt\n",
     )
-    wait_until(lambda: dst.exists() and len(os.listdir(dst)) >= 6, 120, "a few files staged")
+    wait_until(lambda: dst.exists() and parts(dst), 120, "a copy under way")
     fault()
     cluster.wait_gone(job, timeout=400)
     assert cluster.job(job)["JobState"] == "COMPLETED", cluster.status(job)
-    assert (workdir / "count.txt").read_text().split() == ["48"]
-    assert tree_digests(dst) == tree_digests(src)
+    assert (workdir / "count.txt").read_text().split() == ["8"]
     assert not parts(dst), parts(dst)
+    assert tree_digests(dst) == tree_digests(src)
 
 
-def test_a_worker_killed_mid_transfer_leaves_a_complete_verified_job(
+def test_a_node_that_dies_mid_transfer_leaves_a_complete_verified_job(
     cluster: Cluster, workdir: Path
 ) -> None:
+    """Worker 1 and its copies SIGKILLed at once, as when a node loses power: no process
+    is left to remove the copy's temporary file (a copy whose worker alone dies removes
+    its own: its pipe breaks). Dask reruns the shard on worker 2, which sweeps it."""
     run = Path(cluster.env["BBSTAGE_MOVERS_DIR"]) / "run"
+    uid = int(cluster.run("id", "-u", USER).strip())
+
+    def node_dies() -> None:
+        worker = int((run / "worker-1.pid").read_text().split()[0])
+        on_node = [p for p in copies(uid) if net_namespace(p) == net_namespace(worker)]
+        assert on_node, "no copy under way on worker 1"
+        kill_group(run / "worker-1.pid")
+        for pid in on_node:
+            os.kill(pid, signal.SIGKILL)
+
     try:
-        staged_through_a_fault(cluster, workdir, lambda: kill_group(run / "worker-1.pid"))
+        staged_through_a_fault(cluster, workdir, node_dies)
     finally:
         movers("up", str(WORKERS))  # the node comes back
 
