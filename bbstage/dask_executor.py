@@ -172,10 +172,12 @@ class DaskExecutor:
             except Exception:
                 pass
 
-    def _signal(self, key: str) -> list[_Attempt]:
-        """Mark ``key`` cancelled and set its attempts' events; the attempts that run."""
+    def _signal(self, key: str, cancelled: bool = True) -> list[_Attempt]:
+        """Set the events of ``key``'s attempts; the attempts that run. ``cancelled``: mark
+        the transfer cancelled too (not when a failed shard stops its siblings)."""
         with self._lock:
-            self._cancelled.add(key)
+            if cancelled:
+                self._cancelled.add(key)
             running = [a for a in self._attempts.get(key, []) if a.dask is not None]
         for attempt in running:  # one not submitted yet sees the cancel in _start
             try:
@@ -249,7 +251,7 @@ class DaskExecutor:
         if count == 1:
             attempts = [(_Attempt(key, base, on_event, future), spec)]
         else:
-            split = _Split(count, on_event, future, lambda: self._signal_siblings(key))
+            split = _Split(count, on_event, future, lambda: self._signal(key, cancelled=False))
             attempts = [
                 (_Attempt(key, f"{base}/{i}", split.event(i), split.outcome()),
                  spec.but(shard=Shard(i, count)))
@@ -265,16 +267,6 @@ class DaskExecutor:
                     f"could not submit to the Dask scheduler {self._movers.scheduler}: {exc}",
                     permanent=False,
                 ))  # fmt: skip
-
-    def _signal_siblings(self, key: str) -> None:
-        """A shard failed: stop the others (without marking the transfer cancelled)."""
-        with self._lock:
-            running = [a for a in self._attempts.get(key, []) if a.dask is not None]
-        for attempt in running:
-            try:
-                attempt.cancel.set()
-            except Exception:
-                pass
 
     def _start(
         self, client: Any, attempt: _Attempt, spec: TransferSpec, identity: Identity
