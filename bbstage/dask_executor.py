@@ -243,10 +243,7 @@ class DaskExecutor:
         except Exception as exc:
             with self._lock:
                 self._attempts.pop(key, None)
-            future.set_exception(TransferError(
-                f"could not submit to the Dask scheduler {self._movers.scheduler}: {exc}",
-                permanent=False,
-            ))  # fmt: skip
+            future.set_exception(self._unreachable(exc))
             return
         if count == 1:
             attempts = [(_Attempt(key, base, on_event, future), spec)]
@@ -263,10 +260,14 @@ class DaskExecutor:
             try:
                 self._start(client, attempt, shard_spec, identity)
             except Exception as exc:
-                self._resolve(attempt, error=TransferError(
-                    f"could not submit to the Dask scheduler {self._movers.scheduler}: {exc}",
-                    permanent=False,
-                ))  # fmt: skip
+                self._resolve(attempt, error=self._unreachable(exc))
+
+    def _unreachable(self, exc: Exception) -> TransferError:
+        """A transient failure to hand work to the scheduler: the engine tries again."""
+        return TransferError(
+            f"could not submit to the Dask scheduler {self._movers.scheduler}: {exc}",
+            permanent=False,
+        )
 
     def _start(
         self, client: Any, attempt: _Attempt, spec: TransferSpec, identity: Identity
