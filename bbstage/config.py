@@ -60,7 +60,6 @@ class Movers:
     tls_key: Path | None = None
     resources: str = "dtn"  # each task asks its workers for one unit of this resource
     shards: int = 0  # a tree is split into this many tasks (0: one per worker with it)
-    s3_endpoint_url: str = ""  # [s3] endpoint_url as the transfer nodes reach it, if not the same
 
 
 def _count(value: Any) -> int:
@@ -77,8 +76,7 @@ def _movers(data: dict[str, Any], source: str) -> Movers:
         return Path(_text(value))
 
     keys = {"engine": _text, "scheduler": _text, "tls_ca_file": path, "tls_cert": path,
-            "tls_key": path, "resources": _text, "shards": _count,
-            "s3_endpoint_url": _text}  # fmt: skip
+            "tls_key": path, "resources": _text, "shards": _count}  # fmt: skip
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in keys:

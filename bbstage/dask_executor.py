@@ -220,15 +220,6 @@ class DaskExecutor:
             )
             return self._client
 
-    def _on_nodes(self, spec: TransferSpec) -> TransferSpec:
-        """The spec as the transfer nodes run it: ``[movers] s3_endpoint_url`` for the
-        site's S3 endpoint where the nodes reach it at another address than the daemon."""
-        s3 = spec.extra.get("s3")
-        if not self._movers.s3_endpoint_url or s3 is None:
-            return spec
-        s3 = {**s3, "endpoint_url": self._movers.s3_endpoint_url}
-        return spec.but(extra={**spec.extra, "s3": s3})
-
     def _shards(self, client: Any, spec: TransferSpec) -> int:
         """How many shards a transfer is split into: trees across the workers that have
         the resource (or ``[movers] shards`` of them); a single file stays one task."""
@@ -246,7 +237,6 @@ class DaskExecutor:
         """Split the transfer into its attempts and start them; whatever happens, the
         future gets an outcome."""
         base = f"{key}.{uuid.uuid4().hex[:12]}"
-        spec = self._on_nodes(spec)
         try:
             client = self._connect()
             count = self._shards(client, spec)
