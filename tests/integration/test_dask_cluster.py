@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import make_tree, tree_digests, wait_until
+from tests.s3env import S3Env, s3  # noqa: F401
 
 from .conftest import REPO, USER, Cluster, as_user, local_cluster_up
 
@@ -109,6 +110,40 @@ def test_a_tree_is_staged_in_and_out_through_dask_as_the_user(
         assert path.lstat().st_uid == uid, path
     # Both directives ran as Dask tasks on the transfer nodes, not in local workers, each
     # split into one shard per node, the shards on different nodes at once.
+    nodes: dict[str, set[str]] = {}
+    for e in ended(cluster, job):
+        nodes.setdefault(e["attempt"].split(".")[0], set()).add(e["node"])
+    assert nodes == {f"{job}:0": DTNS, f"{job}:1": DTNS}, nodes
+
+
+def test_s3_is_staged_in_and_out_through_the_nodes(
+    cluster: Cluster, workdir: Path, s3: S3Env  # noqa: F811
+) -> None:
+    """The user's own ~/.aws files name the endpoint (127.0.0.1 of every node here,
+    forwarded through each node's capped link to radosgw)."""
+    bucket = s3.create_bucket(owner=USER)
+    client = s3.client(USER)
+    want = {}
+    for i in range(24):
+        body = os.urandom(300_000 + i)
+        client.put_object(Bucket=bucket, Key=f"in/d{i % 3}/o{i}", Body=body)
+        want[f"d{i % 3}/o{i}"] = body
+    as_user(workdir)
+    inside = workdir / "in"
+    job = cluster.submit(
+        workdir,
+        "#!/bin/bash\n"
+        f"#BB_LUA stage_in source=s3://{bucket}/in/ destination={inside}/\n"
+        f"#BB_LUA stage_out source={inside}/ destination=s3://{bucket}/out/\n"
+        f"find {inside} -type f | wc -l > count.txt\n",
+    )
+    cluster.wait_gone(job, timeout=240)
+    assert cluster.job(job)["JobState"] == "COMPLETED", cluster.status(job)
+    assert (workdir / "count.txt").read_text().split() == [str(len(want))]
+    for name, body in want.items():
+        assert (inside / name).read_bytes() == body, name
+        got = client.get_object(Bucket=bucket, Key=f"out/{name}")["Body"].read()
+        assert got == body, name
     nodes: dict[str, set[str]] = {}
     for e in ended(cluster, job):
         nodes.setdefault(e["attempt"].split(".")[0], set()).add(e["node"])
