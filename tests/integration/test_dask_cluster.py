@@ -117,7 +117,9 @@ def test_a_tree_is_staged_in_and_out_through_dask_as_the_user(
 
 
 def test_s3_is_staged_in_and_out_through_the_nodes(
-    cluster: Cluster, workdir: Path, s3: S3Env  # noqa: F811
+    cluster: Cluster,
+    workdir: Path,
+    s3: S3Env,  # noqa: F811
 ) -> None:
     """The user's own ~/.aws files name the endpoint (127.0.0.1 of every node here,
     forwarded through each node's capped link to radosgw)."""
