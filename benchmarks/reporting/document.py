@@ -12,6 +12,7 @@ from .generic import Render, generic
 from .hooks import hook_roundtrip, job_process
 from .job_array import job_array
 from .results import load, result_files
+from .scaleout import scaleout
 from .staging import posix, s3
 
 DOC = REPO / "docs" / "performance.md"
@@ -31,6 +32,7 @@ SECTIONS: dict[str, Render] = {
     "posix": posix,
     "s3": s3,
     "job_array": job_array,
+    "scaleout": scaleout,
     "hook_roundtrip": hook_roundtrip,
     "job_process": job_process,
 }

@@ -54,7 +54,7 @@ def hbars(
     if log:
         ax.set_xscale("log")
     ax.set_xlabel(xlabel)
-    return _save(plt, fig, name)
+    return save(plt, fig, name)
 
 
 def grouped_bars(
@@ -76,10 +76,11 @@ def grouped_bars(
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize="small")
-    return _save(plt, fig, name)
+    return save(plt, fig, name)
 
 
-def _save(plt: Any, fig: Any, name: str) -> Path:
+def save(plt: Any, fig: Any, name: str) -> Path:
+    """Write the figure to docs/img/NAME; its path."""
     path = image(name)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

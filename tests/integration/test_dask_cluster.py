@@ -1,8 +1,9 @@
 """Staging through the Dask executor on the namespaced testbed (scripts/local-movers): a
 scheduler and two rate-capped workers, each in a network namespace of its own, mutual TLS.
 
-The module switches the shared 22.05 cluster's daemon to ``engine = "dask"`` (``up --movers
-2``) and back to the local engine when it ends. Run it under the cluster lock:
+The module runs once per Slurm generation: it switches that shared cluster's daemon to
+``engine = "dask"`` (``up --movers 2``) and back to the local engine when it ends.
+Run it under the cluster lock:
 ``flock -w 1800 /tmp/bbstage-cluster.lock .venv/bin/pytest tests/integration/test_dask_cluster.py``.
 """
 
@@ -25,7 +26,7 @@ import pytest
 from tests.helpers import make_tree, tree_digests, wait_until
 from tests.s3env import S3Env, s3  # noqa: F401
 
-from .conftest import REPO, USER, Cluster, as_user, local_cluster_up
+from .conftest import REPO, SLURM_VERSIONS, USER, Cluster, as_user, local_cluster_up
 
 pytestmark = pytest.mark.cluster
 distributed = pytest.importorskip("distributed")
@@ -34,11 +35,13 @@ WORKERS = 2
 DTNS = {f"dtn{i}" for i in range(1, WORKERS + 1)}
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    """The 22.05 cluster with its daemon on the Dask engine; the local engine again after."""
+@pytest.fixture(scope="module", params=SLURM_VERSIONS)
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """A cluster of each Slurm generation with its daemon on the Dask engine (the same
+    testbed serves both); the local engine again after."""
+    version = request.param
     try:
-        env = local_cluster_up("--slurm", "22.05", "--movers", str(WORKERS), timeout=900)
+        env = local_cluster_up("--slurm", version, "--movers", str(WORKERS), timeout=900)
         movers = subprocess.run(
             [str(REPO / "scripts" / "local-movers"), "env"],
             capture_output=True,
@@ -48,10 +51,10 @@ def cluster() -> Iterator[Cluster]:
         env.update(re.findall(r"export (\w+)=(\S+)", movers.stdout))
         conf = Path(env["BBSTAGE_CONFIG"]).read_text()
         assert 'engine = "dask"' in conf, conf
-        yield Cluster(env, Path(env["BBSTAGE_CLUSTER_DIR"]), "22.05")
+        yield Cluster(env, Path(env["BBSTAGE_CLUSTER_DIR"]), version)
     finally:
         # the cluster is shared: back to the local engine
-        local_cluster_up("--slurm", "22.05", timeout=900)
+        local_cluster_up("--slurm", version, timeout=900)
 
 
 def ended(cluster: Cluster, job: str) -> list[dict[str, str]]:

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Scale-out: aggregate throughput of the Dask executor with 1, 2 and 4 transfer nodes.
+
+On the testbed of ``scripts/local-movers`` (a Dask scheduler and N workers as root, each in
+a network namespace behind a veth capped with ``tc`` at ``--rate`` MB/s, mutual TLS), two
+transfers run through ``DaskExecutor`` exactly as the daemon submits them (a tree is split
+into one shard per worker; each shard's copy runs in a child process as the user):
+
+* **s3**: 2,000 × 1 MiB objects (``scripts/local-s3``'s radosgw) → POSIX. Every node
+  reaches radosgw through its capped link (``scripts/netns-forward``).
+* **posix**: a 2 GiB tree (256 × 8 MiB) → POSIX on the same file system. The namespaces
+  share the machine's disk: no link is in this path, so its figure shows the local limit,
+  not the nodes' NICs.
+
+The local executor (worker processes on the daemon's host, no cap) runs the same
+transfers as the reference and the uncapped limit. The page cache is dropped before every
+run; every run's bytes are checked (MD5 against each object's ETag, SHA-256 against the
+source tree) and its rounds rotate the order of N. Goal (issue 16): the rate with N nodes
+≥ 0.8 × N × the one-node rate, up to the uncapped limit.
+
+Writes benchmarks/results/scaleout.json, then regenerates docs/performance.md unless
+--no-doc.
+
+Usage: python3 benchmarks/bench_scaleout.py [--nodes 1,2,4] [--rate 40] [--rounds 2]
+       [--cases s3,posix] [--dir /var/tmp/bbstage-scaleout] [--no-doc]   (as root)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from common import REPO, check, environment, fail, parser, rotate, save_result
+
+from bbstage.bench.cache import settle
+from bbstage.config import Movers
+from bbstage.dask_executor import DaskExecutor
+from bbstage.executor import TransferExecutor
+from bbstage.identity import Identity
+from bbstage.transfer import TransferSpec
+
+NAME = "scaleout"
+USER = "bbuser1"
+BUCKET = "bbstage-scaleout"
+OBJECTS, OBJECT_SIZE = 2000, 1 << 20
+FILES, FILE_SIZE = 256, 8 << 20
+GOAL = 0.8  # of N × the one-node rate
+MB = 1e6
+
+
+def exports(argv: list[str]) -> dict[str, str]:
+    """The ``export NAME=value`` lines a testbed script prints (its log to our stderr)."""
+    out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True).stdout
+    return dict(re.findall(r"export (\w+)=(\S+)", out))
+
+
+def s3_client(env: dict[str, str]) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id=env["BBSTAGE_S3_BBUSER1_KEY"],
+        aws_secret_access_key=env["BBSTAGE_S3_BBUSER1_SECRET"],
+        region_name="us-east-1",
+    )
+
+
+def s3_dataset(client: Any) -> dict[str, str]:
+    """The bucket of OBJECTS × OBJECT_SIZE objects (made once, kept): key → ETag (MD5)."""
+    try:
+        client.create_bucket(Bucket=BUCKET)
+    except client.exceptions.ClientError:
+        pass  # ours already (BucketAlreadyOwnedByYou)
+    have = {
+        o["Key"]: o["ETag"].strip('"')
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="in/")
+        for o in page.get("Contents", [])
+        if o["Size"] == OBJECT_SIZE
+    }
+    missing = [f"in/d{i % 20:02d}/o{i:05d}" for i in range(OBJECTS)]
+    missing = [k for k in missing if k not in have]
+    if missing:
+        print(f"uploading {len(missing)} objects of {OBJECT_SIZE >> 20} MiB to s3://{BUCKET}/in/")
+
+        def put(key: str) -> tuple[str, str]:
+            body = os.urandom(OBJECT_SIZE)
+            client.put_object(Bucket=BUCKET, Key=key, Body=body)
+            return key, hashlib.md5(body).hexdigest()
+
+        with ThreadPoolExecutor(16) as pool:
+            have.update(pool.map(put, missing))
+    return {k.removeprefix("in/"): v for k, v in have.items()}
+
+
+def posix_dataset(root: Path, uid: int, gid: int) -> dict[str, str]:
+    """The tree of FILES × FILE_SIZE files (made once, kept): relative path → SHA-256."""
+    tree = root / "tree"
+    if len(list(tree.rglob("f*"))) != FILES:
+        shutil.rmtree(tree, ignore_errors=True)
+        print(f"writing {FILES} files of {FILE_SIZE >> 20} MiB to {tree}")
+        for i in range(FILES):
+            path = tree / f"d{i % 8}" / f"f{i:04d}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(os.urandom(FILE_SIZE))
+        for p in [tree, *tree.rglob("*")]:
+            os.chown(p, uid, gid)
+    return digests(tree, "sha256")
+
+
+def digests(tree: Path, algorithm: str) -> dict[str, str]:
+    """Relative path → hex digest of every file under ``tree``."""
+
+    def digest(path: Path) -> str:
+        with path.open("rb") as f:
+            return hashlib.file_digest(f, algorithm).hexdigest()
+
+    return {str(p.relative_to(tree)): digest(p) for p in sorted(tree.rglob("*")) if p.is_file()}
+
+
+def transfer(executor: Any, spec: TransferSpec, identity: Identity) -> tuple[float, int, int]:
+    """Seconds, bytes and files of one transfer through ``executor`` (its ``Done``)."""
+    started = time.perf_counter()
+    done = executor.submit(f"bench:{uuid.uuid4().hex[:8]}", spec, identity, lambda e: None)
+    result = done.result(timeout=1800)
+    return time.perf_counter() - started, result.bytes, result.files
+
+
+def run_case(
+    case: str, executor: Any, root: Path, want: dict[str, str], identity: Identity
+) -> dict[str, float]:
+    """One timed transfer of ``case`` into a fresh directory, its bytes checked."""
+    out = root / f"out-{case}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    os.chown(out, identity.uid, identity.gid)
+    source = f"s3://{BUCKET}/in/" if case == "s3" else f"{root / 'tree'}/"
+    spec = TransferSpec.between(source, f"{out}/", job_id="bench", threads=8)
+    settle("drop")
+    seconds, nbytes, files = transfer(executor, spec, identity)
+    size = OBJECT_SIZE if case == "s3" else FILE_SIZE
+    check(files == len(want) and nbytes == len(want) * size, f"{case}: {files} files, {nbytes} B")
+    got = digests(out, "md5" if case == "s3" else "sha256")
+    check(got == want, f"{case}: {sum(got.get(k) != v for k, v in want.items())} files differ")
+    shutil.rmtree(out)
+    return {"seconds": seconds, "mb_s": nbytes / seconds / MB}
+
+
+def dask_movers(env: dict[str, str]) -> Movers:
+    tls = Path(env["BBSTAGE_MOVERS_TLS"])
+    return Movers(
+        engine="dask",
+        scheduler=env["BBSTAGE_MOVERS_SCHEDULER"],
+        tls_ca_file=tls / "ca.pem",
+        tls_cert=tls / "client.pem",
+        tls_key=tls / "client.key",
+    )
+
+
+def summary(runs: dict[str, dict[str, list[dict[str, float]]]], nodes: list[int]) -> dict:
+    """Per case: the best rate of each variant, and N-node rate ÷ (N × one-node rate)."""
+    out: dict[str, Any] = {}
+    for case, variants in runs.items():
+        best = {v: max(r["mb_s"] for r in rs) for v, rs in variants.items()}
+        one = best.get("1")
+        efficiency = {str(n): best[str(n)] / (n * one) for n in nodes if one and str(n) in best}
+        out[case] = {"best_mb_s": best, "efficiency": efficiency}
+    return out
+
+
+def main() -> None:
+    ap = parser(__doc__)
+    ap.add_argument("--nodes", default="1,2,4", help="numbers of transfer nodes [1,2,4]")
+    ap.add_argument("--rate", type=int, default=40, help="each node's link cap, MB/s [40]")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cases", default="s3,posix")
+    ap.add_argument("--dir", type=Path, default=Path("/var/tmp/bbstage-scaleout"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        fail("run as root (namespaces, Dask workers as root, dropping the page cache)")
+    nodes = [int(n) for n in args.nodes.split(",")]
+    cases = args.cases.split(",")
+    pw = pwd.getpwnam(USER)
+    identity = Identity.of(pw.pw_uid, pw.pw_gid)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    os.chown(args.dir, pw.pw_uid, pw.pw_gid)
+
+    s3env = exports([str(REPO / "scripts" / "local-s3"), "up"])
+    want = {}
+    if "s3" in cases:
+        want["s3"] = s3_dataset(s3_client(s3env))
+    if "posix" in cases:
+        want["posix"] = posix_dataset(args.dir, pw.pw_uid, pw.pw_gid)
+
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {c: {} for c in cases}
+    movers_script = str(REPO / "scripts" / "local-movers")
+    for round_ in range(args.rounds):
+        for variant in rotate(["local", *map(str, nodes)], round_):
+            if variant == "local":
+                executor: Any = TransferExecutor(max_workers=4)
+            else:
+                env = exports([movers_script, "up", variant, "--rate", str(args.rate)])
+                executor = DaskExecutor(dask_movers(env))
+            try:
+                for case in cases:
+                    r = run_case(case, executor, args.dir, want[case], identity)
+                    runs[case].setdefault(variant, []).append(r)
+                    print(f"round {round_ + 1} {case:5} {variant:>5}: {r['seconds']:6.1f} s "
+                          f"{r['mb_s']:7.1f} MB/s")  # fmt: skip
+            finally:
+                executor.shutdown()
+    result = {
+        "environment": environment(rate_mb_s=args.rate),
+        "nodes": nodes,
+        "rate_mb_s": args.rate,
+        "goal_efficiency": GOAL,
+        "datasets": {
+            "s3": f"{OBJECTS} × {OBJECT_SIZE >> 20} MiB objects → POSIX",
+            "posix": f"{FILES} × {FILE_SIZE >> 20} MiB files (2 GiB) → POSIX",
+        },
+        "runs": runs,
+        "summary": summary(runs, nodes),
+    }
+    save_result(NAME, result, doc=not args.no_doc)
+
+
+if __name__ == "__main__":
+    main()
