@@ -15,8 +15,14 @@ Dask does not stop a running task, so ``cancel`` sets the attempt's ``distribute
 A tree is split into shards (``Shard``: the files whose destination hashes to it), one
 attempt each, as many as there are workers with the resource (or ``[movers] shards``), so
 its files move through every node at once; the attempts' events are summed into the
-transfer's (``_Split``), and the transfer is done when every shard is. A failed shard
+transfer's (``bbstage.split.Split``), and the transfer is done when every shard is. A failed shard
 stops its siblings; the transfer fails with its error (the engine tries again, resumed).
+
+Each attempt is told to ``on_event`` as an ``AttemptUpdate``: ``running`` before it is
+submitted (the engine records it then: a failure to record it fails the attempt unsubmitted),
+with its node and progress as its events come, and once with its end. Once an attempt's
+outcome is final here its two ``distributed.Event`` (cancel, started) are deleted on the
+scheduler, not before: a rerun of its task (a worker died) must still find ``started`` set.
 ``distributed`` is imported only here, only when ``[movers] engine = "dask"``.
 """
 
@@ -26,7 +32,7 @@ import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -35,7 +41,16 @@ from bbstage import remote
 from bbstage.config import Movers
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
-from bbstage.transfer import Done, Event, Failed, Moved, Planned, Shard, TransferSpec
+from bbstage.split import Split
+from bbstage.transfer import (
+    AttemptUpdate,
+    Done,
+    Failed,
+    Moved,
+    Planned,
+    Shard,
+    TransferSpec,
+)
 
 log = structlog.get_logger("bbstage.dask")
 
@@ -43,71 +58,29 @@ CANCEL_WAIT = 5.0  # seconds cancel waits for the remote copy to be stopped
 SCHEDULER_WAIT = 60.0  # seconds a transfer waits for an unreachable scheduler to come back
 
 
-class _Split:
-    """The shards of one transfer as one: their events summed for the engine, their
-    outcomes combined into the transfer's future once every shard has ended."""
-
-    def __init__(self, count: int, on_event: Any, future: Future[Done], stop: Any) -> None:
-        self._lock = threading.Lock()
-        self._on_event, self._future, self._stop = on_event, future, stop
-        self._planned: list[Planned | None] = [None] * count
-        self._moved: list[Moved] = [Moved(0, 0)] * count
-        self._outcomes: list[Future[Done]] = []
-        self._first: BaseException | None = None  # the first shard's failure, in time
-
-    def event(self, index: int) -> Any:
-        """Shard ``index``'s ``on_event``."""
-
-        def on_event(event: Event) -> None:
-            with self._lock:
-                if isinstance(event, Planned):
-                    self._planned[index] = event
-                    known = [p for p in self._planned if p is not None]
-                    final = len(known) == len(self._planned) and all(p.final for p in known)
-                    total = Planned(sum(p.bytes for p in known), sum(p.files for p in known), final)
-                    self._on_event(total)
-                elif isinstance(event, Moved):
-                    self._moved[index] = event
-                    self._on_event(Moved(sum(m.bytes for m in self._moved),
-                                         sum(m.files for m in self._moved)))  # fmt: skip
-
-        return on_event
-
-    def outcome(self) -> Future[Done]:
-        """A shard's future: the transfer resolves when all have."""
-        shard: Future[Done] = Future()
-        self._outcomes.append(shard)
-        shard.add_done_callback(self._ended)
-        return shard
-
-    def _ended(self, shard: Future[Done]) -> None:
-        error = shard.exception()
-        with self._lock:
-            first = error is not None and self._first is None
-            if first:
-                self._first = error
-            ended = all(f.done() for f in self._outcomes)
-        if first:
-            self._stop()  # the others need not go on: the transfer is tried again
-        if not ended or self._future.done():
-            return
-        if self._first is not None:  # not the siblings' "cancelled" it caused
-            self._future.set_exception(self._first)
-        else:
-            dones = [f.result() for f in self._outcomes]
-            self._future.set_result(Done(sum(d.bytes for d in dones), sum(d.files for d in dones)))
-
-
 @dataclass
 class _Attempt:
     key: str
     id: str
-    on_event: Any
+    on_event: Any  # Planned and Moved (a shard's: summed by Split)
     future: Future[Done]
+    tell: Any  # the transfer's on_event: this attempt's AttemptUpdate
+    shard: Shard = Shard(0, 1)
     dask: Any = None  # distributed.Future, once submitted
     cancel: Any = None  # distributed.Event
     node: str = ""
+    moved: Moved = Moved(0, 0)
     finished: bool = False
+    # Orders a cancel's set of the Dask event against its deletion (no set after it).
+    events: threading.Lock = field(default_factory=threading.Lock)
+    released: bool = False
+
+    def update(self, state: str = "running", error: str = "") -> AttemptUpdate:
+        """The attempt as the engine is told it."""
+        moved, shard = self.moved, self.shard
+        return AttemptUpdate(
+            self.id, shard.index, shard.count, state, self.node, moved.bytes, moved.files, error
+        )
 
 
 class DaskExecutor:
@@ -137,14 +110,9 @@ class DaskExecutor:
     def queued(self) -> int:
         return 0
 
-    def nodes(self) -> dict[str, str]:
-        """Which nodes run which transfer (key → nodes), as far as events told."""
-        with self._lock:
-            found = {k: {a.node for a in group if a.node} for k, group in self._attempts.items()}
-        return {k: ",".join(sorted(v)) for k, v in found.items() if v}
-
     def submit(self, key: str, spec: TransferSpec, identity: Identity, on_event: Any) -> Future:
-        """Start a transfer on the cluster; ``on_event`` gets ``Planned`` and ``Moved``."""
+        """Start a transfer on the cluster; ``on_event`` gets ``Planned`` and ``Moved``, and
+        an ``AttemptUpdate`` for each attempt (the first before it is submitted)."""
         future: Future[Done] = Future()
         with self._lock:
             self._cancelled.discard(key)
@@ -180,10 +148,13 @@ class DaskExecutor:
                 self._cancelled.add(key)
             running = [a for a in self._attempts.get(key, []) if a.dask is not None]
         for attempt in running:  # one not submitted yet sees the cancel in _start
-            try:
-                attempt.cancel.set()
-            except Exception as exc:  # the scheduler is gone: the task is released with it
-                log.warning("could not signal the cancel", attempt=attempt.id, error=str(exc))
+            with attempt.events:
+                if attempt.released:  # ended meanwhile: a set would make the event anew
+                    continue
+                try:
+                    attempt.cancel.set()
+                except Exception as exc:  # the scheduler is gone: the task is released with it
+                    log.warning("could not signal the cancel", attempt=attempt.id, error=str(exc))
         return running
 
     def _wait(self, attempt: _Attempt, seconds: float) -> None:
@@ -246,17 +217,25 @@ class DaskExecutor:
             future.set_exception(self._unreachable(exc))
             return
         if count == 1:
-            attempts = [(_Attempt(key, base, on_event, future), spec)]
+            whole = spec.shard or Shard(0, 1)
+            attempts = [(_Attempt(key, base, on_event, future, on_event, whole), spec)]
         else:
-            split = _Split(count, on_event, future, lambda: self._signal(key, cancelled=False))
+            split = Split(count, on_event, future, lambda: self._signal(key, cancelled=False))
             attempts = [
-                (_Attempt(key, f"{base}/{i}", split.event(i), split.outcome()),
+                (_Attempt(key, f"{base}/{i}", split.event(i), split.outcome(), on_event,
+                          Shard(i, count)),
                  spec.but(shard=Shard(i, count)))
                 for i in range(count)
             ]  # fmt: skip
         with self._lock:
             self._attempts.setdefault(key, []).extend(a for a, _ in attempts)
         for attempt, shard_spec in attempts:
+            try:
+                attempt.tell(attempt.update())  # recorded before it is submitted
+            except Exception as exc:
+                error = TransferError(f"could not record the attempt: {exc}", permanent=False)
+                self._resolve(attempt, error=error)
+                continue
             try:
                 self._start(client, attempt, shard_spec, identity)
             except Exception as exc:
@@ -278,7 +257,7 @@ class DaskExecutor:
             self._resolve(attempt, error=Cancelled())
             return
         client.subscribe_topic(attempt.id, lambda event: self._event(attempt, event[1]))
-        cancel_name = f"bbstage-cancel-{attempt.id}"
+        cancel_name = remote.cancel_event(attempt.id)
         with self._lock:
             if attempt.key in self._cancelled or self._closing:
                 cancelled = True
@@ -316,7 +295,10 @@ class DaskExecutor:
                 return
             if isinstance(node, str):
                 attempt.node = node
+            if isinstance(event, Moved):
+                attempt.moved = event
             attempt.on_event(event)
+            attempt.tell(attempt.update())
 
     def _settled(self, attempt: _Attempt) -> None:
         """Whatever happens, the future gets an outcome."""
@@ -338,9 +320,12 @@ class DaskExecutor:
                 )
                 self._resolve(attempt, error=TransferError(f"Dask task {reason}", permanent=False))
             return
-        outcome, planned = result.get("outcome"), result.get("planned")
-        log.info("transfer ended", attempt=attempt.id, node=result.get("node"),
+        outcome, planned, node = result.get("outcome"), result.get("planned"), result.get("node")
+        log.info("transfer ended", attempt=attempt.id, node=node,
                  outcome=type(outcome).__name__)  # fmt: skip
+        if isinstance(node, str):
+            with self._lock:
+                attempt.node = node
         if attempt.key in self._cancelled:
             self._resolve(attempt, error=Cancelled())
         elif isinstance(outcome, Done):
@@ -360,7 +345,8 @@ class DaskExecutor:
         done: Done | None = None,
         error: BaseException | None = None,
     ) -> None:
-        """Hand over the plan, then close the attempt to events, then resolve its future."""
+        """Hand over the plan, then close the attempt to events, tell its end, resolve its
+        future, and delete its Dask events."""
         with self._lock:
             if attempt.finished:
                 return
@@ -377,7 +363,40 @@ class DaskExecutor:
                 self._client.unsubscribe_topic(attempt.id)
             except Exception:
                 pass
+        error = None if done is not None else error or TransferError("no outcome")
+        self._tell_end(attempt, done, error)
         if done is not None:
             attempt.future.set_result(done)
         else:
-            attempt.future.set_exception(error or TransferError("no outcome"))
+            attempt.future.set_exception(error)
+        self._release(attempt)
+
+    def _tell_end(self, attempt: _Attempt, done: Done | None, error: BaseException | None) -> None:
+        """The attempt's last ``AttemptUpdate``: a done one's counts are its manifest's."""
+        if done is not None:
+            attempt.moved = Moved(done.bytes, done.files)
+            update = attempt.update("done")
+        elif isinstance(error, Cancelled):
+            update = attempt.update("cancelled")
+        else:
+            update = attempt.update("failed", str(error))
+        try:
+            attempt.tell(update)
+        except Exception as exc:  # e.g. the daemon closed its state while shutting down
+            log.warning("could not record the attempt's end", attempt=attempt.id, error=str(exc))
+
+    def _release(self, attempt: _Attempt) -> None:
+        """Delete the attempt's Dask events on the scheduler: an event cleared while nobody
+        waits on it is deleted (``distributed.event.EventExtension.event_clear``). Only once
+        its outcome is final here: until then a rerun of its task must find ``started``."""
+        from distributed import Event as DaskEvent
+
+        with attempt.events:
+            attempt.released = True
+            if attempt.dask is None or self._client is None:  # never submitted
+                return
+            for name in (remote.cancel_event(attempt.id), remote.started_event(attempt.id)):
+                try:
+                    DaskEvent(name, client=self._client).clear()
+                except Exception as exc:  # the scheduler is gone, and its events with it
+                    log.warning("could not delete a Dask event", event=name, error=str(exc))

@@ -34,7 +34,16 @@ from bbstage.state import (
     JobRow,
     Store,
 )
-from bbstage.transfer import Done, Event, Moved, Overwrite, Planned, ScratchLimit, TransferSpec
+from bbstage.transfer import (
+    AttemptUpdate,
+    Done,
+    Event,
+    Moved,
+    Overwrite,
+    Planned,
+    ScratchLimit,
+    TransferSpec,
+)
 
 log = structlog.get_logger("bbstage.engine")
 
@@ -52,6 +61,8 @@ class Engine:
         # Running transfers' latest plan/progress counts, saved by record_progress.
         self._counts: dict[tuple[str, int], dict[str, int]] = {}
         self._final: set[tuple[str, int]] = set()  # their walk ended: the counts are the plan
+        # Running attempts on transfer nodes (Dask): their latest update, by attempt id.
+        self._moving: dict[str, AttemptUpdate] = {}
         self._attempts: dict[tuple[str, int], int] = {}
         self._stopping = False
         self._listeners: list[Callable[[EngineEvent], None]] = []
@@ -108,7 +119,11 @@ class Engine:
         await asyncio.to_thread(self.executor.shutdown)
 
     def resume(self) -> None:
-        """After a restart: continue every transfer that was under way."""
+        """After a restart: continue every transfer that was under way (as new attempts; the
+        attempts recorded running are marked lost)."""
+        lost = self.store.lose_attempts()
+        if lost:
+            log.info("attempts lost with the daemon's stop", attempts=lost)
         for job in self.store.jobs(("staging_in", "staging_out")):
             verb = "stage_in" if job.state == "staging_in" else "stage_out"
             log.info("resuming", job_id=job.job_id, phase=verb)
@@ -265,9 +280,11 @@ class Engine:
         return Reply.ok()
 
     async def record_progress(self) -> None:
-        """Every ``PROGRESS_EVERY`` seconds, save the running transfers' counts (the worker
-        reports them several times a second; the last ones are saved as a transfer ends)."""
+        """Every ``PROGRESS_EVERY`` seconds, save the running transfers' counts, and their
+        attempts' on transfer nodes (the worker reports them several times a second; the
+        last ones are saved as a transfer or attempt ends)."""
         written: dict[tuple[str, int], dict[str, int]] = {}
+        saved: dict[str, AttemptUpdate] = {}
         while True:
             await asyncio.sleep(PROGRESS_EVERY)
             for (job_id, idx), counts in list(self._counts.items()):
@@ -275,6 +292,16 @@ class Engine:
                     self.store.set_directive(job_id, idx, **counts)
                     written[(job_id, idx)] = counts
             written = {k: v for k, v in written.items() if k in self._counts}
+            saved = self._save_attempts(saved)
+
+    def _save_attempts(self, saved: dict[str, AttemptUpdate]) -> dict[str, AttemptUpdate]:
+        """Save the running attempts' updates not ``saved`` yet (one transaction); the
+        updates saved now."""
+        moving = dict(self._moving)
+        changed = [u for u in moving.values() if saved.get(u.id) is not u]
+        if changed:
+            self.store.attempt_progress([(u.id, u.node, u.bytes, u.files) for u in changed])
+        return moving
 
     async def purge_expired(self) -> None:
         """Forget jobs finished longer than ``retention_days`` ago, and any scratch they kept."""
@@ -363,9 +390,11 @@ class Engine:
         spec = self._spec(job, d).but(resumed=d.started is not None)
         self.store.set_directive(job.job_id, d.idx, state=RUNNING, error="", started=time.time())
 
-        def on_event(event: Event) -> None:  # in the executor's thread
+        def on_event(event: Event | AttemptUpdate) -> None:  # in the executor's thread
             counts = self._counts.get(key, {})
-            if isinstance(event, Planned):  # the counts so far while walking, then final
+            if isinstance(event, AttemptUpdate):
+                self._attempt(job.job_id, d.idx, event)
+            elif isinstance(event, Planned):  # the counts so far while walking, then final
                 self._counts[key] = {**counts, "bytes_total": event.bytes,
                                      "files_total": event.files}  # fmt: skip
                 if event.final:
@@ -380,6 +409,21 @@ class Engine:
         self._active[key] = future
         log.debug("transfer started", job_id=job.job_id, directive=d.idx, verb=d.verb)
         return future
+
+    def _attempt(self, job_id: str, idx: int, update: AttemptUpdate) -> None:
+        """An attempt on a transfer node (in the executor's thread): recorded at its first
+        update, which comes before the executor submits it; its progress kept for
+        ``record_progress``; its end recorded at once."""
+        if update.state != RUNNING:
+            self._moving.pop(update.id, None)
+            self.store.end_attempt(
+                update.id, update.state, update.node, update.bytes, update.files, update.error
+            )
+        elif update.id in self._moving:
+            self._moving[update.id] = update
+        else:
+            self.store.add_attempt(job_id, idx, update.id, update.shard, update.shards)
+            self._moving[update.id] = update
 
     def _finished(self, job_id: str, d: DirectiveRow, future: asyncio.Future[Done]) -> None:
         """Record a transfer's outcome: done only from the worker's manifest, and only if it

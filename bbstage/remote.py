@@ -12,6 +12,8 @@ Events reach the daemon through the worker's ``log_event`` on the attempt's topi
 result, with the ``Planned`` it answers. A set cancel ``distributed.Event``, or the task's
 release by the scheduler (the daemon cancelled it or went away), kills the child's
 process group (SIGTERM, SIGKILL after ``KILL_AFTER`` s) and removes its temporary files.
+The daemon deletes the attempt's two events (``cancel_event``, ``started_event``) once the
+attempt's outcome is final there.
 """
 
 from __future__ import annotations
@@ -45,6 +47,17 @@ FORWARD_EVERY = 0.5  # seconds between Moved events sent to the daemon
 POLL_EVERY = 0.2  # seconds between checks for a cancel
 KILL_AFTER = 1.0  # seconds between SIGTERM and SIGKILL of the child's process group
 EXIT_WAIT = 5.0  # seconds a child that closed its output gets to exit
+
+
+def cancel_event(attempt: str) -> str:
+    """The name of the attempt's ``distributed.Event`` the daemon sets to cancel it."""
+    return f"bbstage-cancel-{attempt}"
+
+
+def started_event(attempt: str) -> str:
+    """The name of the ``distributed.Event`` the attempt's task sets when it starts (a rerun
+    of the task finds it set)."""
+    return f"bbstage-started-{attempt}"
 
 
 def to_json(event: Event) -> dict[str, Any]:
@@ -116,7 +129,7 @@ def run_attempt(
     cancel = DaskEvent(cancel_name, client=client)
     # Dask reruns the task of a worker that died: that run sweeps the temporary files the
     # dead one left (only its shard's), as a resumed transfer does.
-    started = DaskEvent(f"bbstage-started-{attempt}", client=client)
+    started = DaskEvent(started_event(attempt), client=client)
     if started.is_set():
         spec = spec.but(resumed=True)
     started.set()

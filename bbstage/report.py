@@ -5,11 +5,12 @@ from __future__ import annotations
 import grp
 import pwd
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from bbstage import scratch
 from bbstage.config import Config
-from bbstage.state import JobRow, Store
+from bbstage.state import RUNNING, AttemptRow, JobRow, Store
 
 
 def may_see(config_admin_group: str | None, caller_uid: int, job: JobRow) -> bool:
@@ -26,11 +27,14 @@ def may_see(config_admin_group: str | None, caller_uid: int, job: JobRow) -> boo
     return name in group.gr_mem or pwd.getpwuid(caller_uid).pw_gid == group.gr_gid
 
 
-def job_status(job: JobRow) -> dict[str, Any]:
-    """A job's state and one entry per directive, with rate and ETA while it runs."""
+def job_status(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> dict[str, Any]:
+    """A job's state and one entry per directive, with rate and ETA while it runs, and its
+    ``attempts`` on transfer nodes (Dask; none with the local engine) and what each node
+    moved."""
     now = time.time()
     rows = []
     for d in job.directives:
+        mine = [a for a in attempts if a.idx == d.idx]
         elapsed = ((d.finished or now) - d.started) if d.started else 0.0
         rate = d.bytes_done / elapsed if elapsed > 0 else 0.0
         left = max(0, d.bytes_total - d.bytes_done)
@@ -49,6 +53,8 @@ def job_status(job: JobRow) -> dict[str, Any]:
                 "rate_bytes_per_s": round(rate, 1),
                 "eta_s": round(left / rate, 1) if d.state == "running" and rate > 0 else None,
                 "error": d.error,
+                "nodes": _nodes(mine),
+                "attempts": [_attempt(a) for a in mine],
             }
         )
     return {
@@ -64,7 +70,38 @@ def job_status(job: JobRow) -> dict[str, Any]:
     }
 
 
-def jobs_summary(jobs: list[JobRow]) -> list[dict[str, Any]]:
+def _nodes(attempts: list[AttemptRow]) -> list[dict[str, Any]]:
+    """What each transfer node moved (summed over its attempts), by node name."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for a in attempts:
+        if a.node:
+            n = nodes.setdefault(a.node, {"node": a.node, "bytes": 0, "files": 0, "running": False})
+            n["bytes"] += a.bytes
+            n["files"] += a.files
+            n["running"] |= a.state == RUNNING
+    return [nodes[name] for name in sorted(nodes)]
+
+
+def _attempt(a: AttemptRow) -> dict[str, Any]:
+    return {
+        "id": a.id,
+        "shard": a.shard,
+        "shards": a.shards,
+        "node": a.node,
+        "state": a.state,
+        "bytes": a.bytes,
+        "files": a.files,
+        "started": a.started,
+        "ended": a.ended,
+        "error": a.error,
+    }
+
+
+def jobs_summary(
+    jobs: list[JobRow], nodes: dict[str, list[str]] | None = None
+) -> list[dict[str, Any]]:
+    """One row per job; ``nodes``: job id → the transfer nodes its attempts ran on."""
+    nodes = nodes or {}
     out = []
     for job in jobs:
         ds = job.directives
@@ -77,6 +114,7 @@ def jobs_summary(jobs: list[JobRow]) -> list[dict[str, Any]]:
                 "done": sum(d.state == "done" for d in ds),
                 "bytes_done": sum(d.bytes_done for d in ds),
                 "bytes_total": sum(d.bytes_total for d in ds),
+                "nodes": nodes.get(job.job_id, []),
             }
         )
     return out

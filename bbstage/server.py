@@ -140,10 +140,12 @@ class Server:
                 return protocol.encode_user_reply(
                     ERROR, message=f"job {request.job_id}: no staging job of yours with this id"
                 )
-            return protocol.encode_user_reply(OK, result=report.job_status(job))
+            status = report.job_status(job, engine.store.attempts(job.job_id))
+            return protocol.encode_user_reply(OK, result=status)
         if request.op == "jobs":
             visible = [j for j in engine.store.jobs() if report.may_see(admin, uid, j)]
-            return protocol.encode_user_reply(OK, result=report.jobs_summary(visible))
+            summary = report.jobs_summary(visible, engine.store.nodes())
+            return protocol.encode_user_reply(OK, result=summary)
         return protocol.encode_user_reply(OK, result=report.pools(self.config, engine.store))
 
     async def close(self) -> None:

@@ -1,4 +1,5 @@
-"""Durable job and directive state in SQLite (WAL), keyed by (job id, directive index)."""
+"""Durable job and directive state in SQLite (WAL), keyed by (job id, directive index), and
+the attempts of each directive's transfer on transfer nodes (``[movers] engine = "dask"``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ FINISHED = ("done", "failed", "cancelled")
 ACTIVE = tuple(s for s in JOB_STATES if s not in FINISHED)
 # Directive states.
 PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "failed", "cancelled"
+# Attempt states: RUNNING, DONE, FAILED, CANCELLED, or LOST (running when the daemon stopped).
+LOST = "lost"
 
 CHECKPOINT_EVERY = 1.0  # seconds
 CACHE_JOBS = 10_000  # jobs kept in memory by Store.job
@@ -59,6 +62,19 @@ CREATE TABLE IF NOT EXISTS directives (
     PRIMARY KEY (job_id, idx)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state);
+CREATE TABLE IF NOT EXISTS attempts (
+    id TEXT PRIMARY KEY,
+    job_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    shard INTEGER NOT NULL, shards INTEGER NOT NULL,
+    node TEXT NOT NULL DEFAULT '',
+    state TEXT NOT NULL DEFAULT 'running',
+    bytes INTEGER NOT NULL DEFAULT 0, files INTEGER NOT NULL DEFAULT 0,
+    error TEXT NOT NULL DEFAULT '',
+    started REAL NOT NULL, ended REAL,
+    FOREIGN KEY (job_id, idx) REFERENCES directives (job_id, idx) ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS attempts_by_directive ON attempts (job_id, idx);
 """
 
 
@@ -79,6 +95,24 @@ class DirectiveRow:
     error: str = ""
     started: float | None = None
     finished: float | None = None
+
+
+@dataclass
+class AttemptRow:
+    """One run of a directive's transfer, or of one shard of it, on a transfer node."""
+
+    id: str  # JOB:IDX.<hex12>, with /<shard> when the tree is split
+    job_id: str
+    idx: int
+    shard: int
+    shards: int
+    node: str
+    state: str
+    bytes: int  # moved so far; a done attempt's: its manifest
+    files: int
+    error: str
+    started: float
+    ended: float | None
 
 
 @dataclass
@@ -137,16 +171,17 @@ class Store:
             db.close()
 
     @contextmanager
-    def _tx(self, job_id: str) -> Iterator[sqlite3.Connection]:
-        """One transaction on ``job_id``; its body also updates the cached copy, which is
-        dropped if the transaction does not commit."""
+    def _tx(self, job_id: str | None) -> Iterator[sqlite3.Connection]:
+        """One transaction on ``job_id`` (None: on no job's cached copy); its body also
+        updates the cached copy, which is dropped if the transaction does not commit."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
                 self._db.execute("COMMIT")
             except BaseException:
-                self._cache.pop(job_id, None)
+                if job_id is not None:
+                    self._cache.pop(job_id, None)
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
@@ -319,6 +354,67 @@ class Store:
             if cached is not None:
                 rows = [replace(d, **values) if d.idx == idx else d for d in cached.directives]
                 self._update(job_id, directives=rows)
+
+    # -- attempts ---------------------------------------------------------------------------
+
+    def add_attempt(self, job_id: str, idx: int, attempt: str, shard: int, shards: int) -> None:
+        """Record an attempt as running (before it is handed to a transfer node)."""
+        with self._tx(job_id) as db:
+            db.execute(
+                "INSERT INTO attempts (id, job_id, idx, shard, shards, started)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (attempt, job_id, idx, shard, shards, time.time()),
+            )
+
+    def attempt_progress(self, progress: list[tuple[str, str, int, int]]) -> None:
+        """Save (attempt, node, bytes, files) of running attempts, in one transaction; an
+        attempt that has ended keeps what its end recorded."""
+        with self._tx(None) as db:
+            db.executemany(
+                "UPDATE attempts SET node = ?, bytes = ?, files = ?"
+                " WHERE id = ? AND state = 'running'",
+                [(_text(node), n, files, attempt) for attempt, node, n, files in progress],
+            )
+
+    def end_attempt(
+        self, attempt: str, state: str, node: str, nbytes: int, files: int, error: str = ""
+    ) -> None:
+        """Record an attempt's end: ``state`` (done, failed, cancelled) and its last counts."""
+        with self._tx(None) as db:
+            db.execute(
+                "UPDATE attempts SET state = ?, node = ?, bytes = ?, files = ?, error = ?,"
+                " ended = ? WHERE id = ?",
+                (state, _text(node), nbytes, files, _text(error), time.time(), attempt),
+            )
+
+    def lose_attempts(self) -> int:
+        """Mark the attempts still ``running`` (the daemon stopped under them) ``lost``; how
+        many there were."""
+        with self._tx(None) as db:
+            cursor = db.execute(
+                "UPDATE attempts SET state = ?, ended = ? WHERE state = ?",
+                (LOST, time.time(), RUNNING),
+            )
+        return cursor.rowcount
+
+    def attempts(self, job_id: str) -> list[AttemptRow]:
+        """The job's attempts, by directive, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM attempts WHERE job_id = ? ORDER BY idx, started, id", (job_id,)
+            ).fetchall()
+        return [AttemptRow(**dict(r)) for r in rows]
+
+    def nodes(self) -> dict[str, list[str]]:
+        """Job id → the transfer nodes its attempts ran on (jobs with none are left out)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT job_id, node FROM attempts WHERE node != '' ORDER BY job_id, node"
+            ).fetchall()
+        found: dict[str, list[str]] = {}
+        for job_id, node in rows:
+            found.setdefault(job_id, []).append(node)
+        return found
 
 
 def _text(value: Any) -> Any:

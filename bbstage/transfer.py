@@ -8,7 +8,8 @@ the walk has ended), ``Moved`` now and then, ``TempFile`` for each named tempora
 before it is created and ``TempsSettled`` in batches once they were renamed or removed, and
 one outcome, ``Done`` (the manifest of what it put in place, always after the final
 ``Planned``) or ``Failed``. All are frozen dataclasses of plain values, so they pickle over a
-pipe or a network unchanged.
+pipe or a network unchanged. An executor that runs attempts on transfer nodes (Dask) also
+tells the engine about each with ``AttemptUpdate``, which no worker sends.
 """
 
 from __future__ import annotations
@@ -136,3 +137,21 @@ class Failed:
 
 
 Event = Planned | Moved | TempFile | TempsSettled | Done | Failed
+
+
+@dataclass(frozen=True)
+class AttemptUpdate:
+    """An attempt (one run of a transfer, or of one shard of it, on a transfer node) as an
+    executor that has attempts tells the engine through ``on_event``: ``running`` once
+    before it hands the attempt over (the engine records it then), again with the node and
+    its progress, and once at its end (``done``, ``failed``, ``cancelled``). Not a worker's
+    event: never read from a worker."""
+
+    id: str
+    shard: int
+    shards: int
+    state: str = "running"
+    node: str = ""
+    bytes: int = 0
+    files: int = 0
+    error: str = ""

@@ -11,16 +11,25 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
 distributed = pytest.importorskip("distributed")
 
 from bbstage import config, remote  # noqa: E402
-from bbstage.dask_executor import DaskExecutor  # noqa: E402
+from bbstage.dask_executor import DaskExecutor, _Attempt  # noqa: E402
 from bbstage.identity import Identity  # noqa: E402
 from bbstage.movers import Cancelled, TransferError  # noqa: E402
-from bbstage.transfer import Done, Failed, Moved, Planned, TempFile, TransferSpec  # noqa: E402
+from bbstage.transfer import (  # noqa: E402
+    AttemptUpdate,
+    Done,
+    Failed,
+    Moved,
+    Planned,
+    TempFile,
+    TransferSpec,
+)
 from tests.helpers import file_digest, make_tree, tree_digests, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the child drops from root to a user")
@@ -288,3 +297,88 @@ def test_a_failed_shard_fails_the_transfer_with_its_own_error(
     assert "cancelled" not in str(info.value)
     wait_until(lambda: not split._attempts, 10, "every shard to end")
     assert not partial(area / "dst")
+
+
+def dask_events(client: Any, key: str) -> list[str]:
+    """The scheduler's Dask events of transfer ``key``'s attempts."""
+
+    def names(dask_scheduler: Any) -> list[str]:
+        return [str(n) for n in dask_scheduler.extensions["events"]._events]
+
+    return [n for n in client.run_on_scheduler(names) if n.startswith("bbstage-") and key in n]
+
+
+def test_an_attempt_is_told_before_it_is_submitted_then_its_node_and_end(
+    area: Path, executor: DaskExecutor, client: Any
+) -> None:
+    src = area / "in"
+    src.write_bytes(os.urandom(1 << 20))
+    src.chmod(0o644)
+    updates: list[tuple[AttemptUpdate, bool]] = []
+
+    def on_event(event: Any) -> None:
+        if isinstance(event, AttemptUpdate):
+            updates.append((event, f"bbstage-{event.id}" in client.futures))
+
+    future = executor.submit(
+        "20:0", TransferSpec.between(str(src), str(area / "out")), NOBODY, on_event
+    )
+    assert future.result(timeout=60) == Done(1 << 20, 1)
+    (first, submitted), *rest = updates
+    assert first.id.startswith("20:0.") and (first.shard, first.shards) == (0, 1)
+    assert first.state == "running" and not submitted, "told after it was submitted"
+    last = rest[-1][0]
+    assert (last.id, last.state, last.bytes, last.files) == (first.id, "done", 1 << 20, 1)
+    assert last.node and all(u.node == last.node for u, _ in rest)
+    assert [u.state for u, _ in rest[:-1]] == ["running"] * (len(rest) - 1)
+
+
+def test_no_dask_event_of_an_attempt_is_left_on_the_scheduler_once_it_ended(
+    area: Path, executor: DaskExecutor, split: DaskExecutor, client: Any
+) -> None:
+    """Each attempt sets ``started``, a cancel sets ``cancel``: the scheduler would keep both
+    for ever, for every attempt, unless the daemon deletes them."""
+    src = area / "in"
+    src.write_bytes(b"data")
+    src.chmod(0o644)
+    executor.submit(
+        "21:0", TransferSpec.between(str(src), str(area / "out")), NOBODY, lambda e: None
+    ).result(timeout=60)
+    wait_until(lambda: not dask_events(client, "21:0."), 5, "the events of a done transfer gone")
+
+    tree = make_tree(area / "src", 60, 100)
+    os.system(f"chmod -R a+rX {tree}")
+    sorted(tree.rglob("*"))[-1].chmod(0o600)  # a shard fails; its siblings are cancelled
+    failed = split.submit(
+        "22:0", TransferSpec.between(f"{tree}/", f"{area}/dst/"), NOBODY, lambda e: None
+    )
+    with pytest.raises(TransferError):
+        failed.result(timeout=120)
+    wait_until(lambda: not split._attempts, 10, "every shard to end")
+    wait_until(lambda: not dask_events(client, "22:0."), 5, "the events of a failed transfer gone")
+
+    big = sparse(area)
+    events: list[Any] = []
+    cancelled = executor.submit(
+        "23:0", TransferSpec.between(str(big), str(area / "big.out")), NOBODY, events.append
+    )
+    wait_until(lambda: [e for e in events if isinstance(e, Moved)], 60, "the copy's progress")
+    assert dask_events(client, "23:0."), "no event to delete: the test shows nothing"
+    executor.cancel("23:0")
+    with pytest.raises(Cancelled):
+        cancelled.result(timeout=10)
+    wait_until(lambda: not dask_events(client, "23:0."), 5, "the events of a cancel gone")
+
+
+def test_a_cancel_never_sets_the_event_of_an_attempt_already_released(
+    executor: DaskExecutor,
+) -> None:
+    """The cancel may find an attempt that ends meanwhile: a set after its release would
+    make its event anew on the scheduler, for ever."""
+    cancel = mock.Mock()
+    attempt = _Attempt("24:0", "24:0.x", None, Future(), None, dask=object(), cancel=cancel)
+    attempt.released = True
+    executor._attempts["24:0"] = [attempt]
+    executor._signal("24:0")
+    executor._attempts.clear()
+    cancel.set.assert_not_called()

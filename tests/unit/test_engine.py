@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
@@ -20,7 +21,7 @@ from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.movers import Cancelled, TransferError
 from bbstage.protocol import Request
 from bbstage.state import Store
-from bbstage.transfer import Done, Event, Planned, TransferSpec
+from bbstage.transfer import AttemptUpdate, Done, Event, Planned, TransferSpec
 from tests.helpers import wait_until_async
 
 UID, GID = 65534, 65534  # nobody: Identity.of accepts any known non-root user
@@ -58,6 +59,33 @@ class FakeExecutor:
 
     def shutdown(self) -> None:
         self.cancel("")
+
+
+class NodesExecutor(FakeExecutor):
+    """A FakeExecutor with one attempt per transfer on transfer node dtn1, told as the Dask
+    executor tells them: running first (noting what the state holds then, as it would submit
+    it), then its progress, then its end (before the transfer's future resolves)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.store = store
+        self.at_submit: list[list[tuple[str, str]]] = []  # the job's attempts then
+        self.tell: dict[str, Callable[[AttemptUpdate], None]] = {}  # by attempt id
+
+    def submit(
+        self, key: str, spec: TransferSpec, identity: Any, on_event: Callable[[Any], None]
+    ) -> Future[Done]:
+        attempt = f"{key}.{uuid.uuid4().hex[:12]}"
+        self.tell[attempt] = on_event
+        on_event(AttemptUpdate(attempt, 0, 1))
+        self.at_submit.append([(a.id, a.state) for a in self.store.attempts(spec.job_id)])
+        on_event(AttemptUpdate(attempt, 0, 1, node="dtn1", bytes=5, files=1))
+        outcome = self.outcomes[0][1]
+        if outcome is not None:
+            state = {Done: "done", Cancelled: "cancelled"}.get(type(outcome), "failed")
+            error = str(outcome) if state == "failed" else ""
+            on_event(AttemptUpdate(attempt, 0, 1, state, "dtn1", 10, 1, error))
+        return super().submit(key, spec, identity, on_event)
 
 
 @pytest.fixture
@@ -281,3 +309,64 @@ def test_subscribers_hear_hooks_and_ended_transfers_and_a_broken_one_changes_not
     ]
     ended = [e for e in heard if isinstance(e, TransferEnded)]
     assert [(e.direction, e.outcome, e.bytes, e.files) for e in ended] == [("in", "done", 300, 3)]
+
+
+def test_an_attempt_is_recorded_before_it_is_submitted_and_its_end_after(
+    engine: Engine,
+) -> None:
+    nodes = engine.executor = NodesExecutor(engine.store)
+    setup(engine, "14", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).extend(
+        [
+            (Planned(10, 1), TransferError("Dask task lost", permanent=False)),
+            (Planned(10, 1), Done(10, 1)),
+        ]
+    )
+    assert ask(engine, "data_in", job_id="14") == ("ok", "")
+    first, second = nodes.tell
+    assert nodes.at_submit == [[(first, "running")], [(first, "failed"), (second, "running")]]
+    rows = [(a.id, a.node, a.state, a.bytes, a.error) for a in engine.store.attempts("14")]
+    assert rows == [
+        (first, "dtn1", "failed", 10, "Dask task lost"),
+        (second, "dtn1", "done", 10, ""),
+    ]
+
+
+def test_an_attempts_node_and_progress_are_saved_within_a_second(engine: Engine) -> None:
+    nodes = engine.executor = NodesExecutor(engine.store)
+    setup(engine, "15", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(10, 1), None))  # runs until cancelled
+
+    async def scenario() -> None:
+        recording = asyncio.create_task(engine.record_progress())
+        await engine.handle(Request("data_in", {"job_id": "15", "wait": False}))
+        [attempt] = nodes.tell
+        for moved in (6, 7):
+            nodes.tell[attempt](AttemptUpdate(attempt, 0, 1, node="dtn2", bytes=moved, files=1))
+
+            def saved(n: int = moved) -> bool:
+                return [(a.node, a.bytes) for a in engine.store.attempts("15")] == [("dtn2", n)]
+
+            await wait_until_async(saved, 1.5, "the attempt's progress in the state")
+        recording.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_restart_marks_the_attempts_it_stopped_lost_and_resumes_with_a_new_one(
+    engine: Engine,
+) -> None:
+    nodes = engine.executor = NodesExecutor(engine.store)
+    setup(engine, "16", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(10, 1), None))
+    assert ask(engine, "data_in", job_id="16", wait=False) == ("ok", "")
+    restarted = Engine(engine.config, engine.store, NodesExecutor(engine.store))  # type: ignore[arg-type]
+    outcomes(restarted).append((Planned(10, 1), Done(10, 1)))
+
+    async def resume() -> None:
+        restarted.resume()
+        await wait_until_async(lambda: recorded(restarted), 5, "the resumed transfer to end")
+
+    asyncio.run(resume())
+    assert [a.state for a in engine.store.attempts("16")] == ["lost", "done"]
+    assert nodes.at_submit == [[(next(iter(nodes.tell)), "running")]]

@@ -111,3 +111,44 @@ def test_a_created_job_in_memory_is_the_one_on_disk(tmp_path: Path) -> None:
     )
     assert made is store.job("7")
     assert made == Store(tmp_path / "state.db").job("7")
+
+
+def test_an_attempt_is_recorded_running_then_its_progress_then_its_end(tmp_path: Path) -> None:
+    store = store_with_jobs(tmp_path)  # job 104 has directives 0..3
+    store.add_attempt("104", 2, "104:2.abc/0", 0, 2)
+    store.add_attempt("104", 2, "104:2.abc/1", 1, 2)
+    [first, second] = store.attempts("104")
+    assert (first.id, first.idx, first.shard, first.shards) == ("104:2.abc/0", 2, 0, 2)
+    assert (first.state, first.node, first.bytes, first.ended) == ("running", "", 0, None)
+    store.attempt_progress([("104:2.abc/0", "dtn1", 300, 3), ("104:2.abc/1", "dtn2", 10, 1)])
+    store.end_attempt("104:2.abc/0", "done", "dtn1", 400, 4)
+    store.end_attempt("104:2.abc/1", "failed", "dtn2", 10, 1, "permission denied")
+    ended = [(a.node, a.state, a.bytes, a.files, a.error) for a in store.attempts("104")]
+    assert ended == [("dtn1", "done", 400, 4, ""), ("dtn2", "failed", 10, 1, "permission denied")]
+    assert all(a.ended is not None for a in store.attempts("104"))
+    assert store.nodes() == {"104": ["dtn1", "dtn2"]}
+
+
+def test_progress_saved_after_an_attempt_ended_leaves_its_end_alone(tmp_path: Path) -> None:
+    """The progress loop may hold an update older than the end it writes after."""
+    store = store_with_jobs(tmp_path)
+    store.add_attempt("104", 0, "104:0.abc", 0, 1)
+    store.end_attempt("104:0.abc", "done", "dtn1", 400, 4)
+    store.attempt_progress([("104:0.abc", "dtn1", 300, 3)])
+    [attempt] = store.attempts("104")
+    assert (attempt.state, attempt.bytes, attempt.files) == ("done", 400, 4)
+
+
+def test_attempts_left_running_are_lost_and_go_with_their_job(tmp_path: Path) -> None:
+    store = store_with_jobs(tmp_path)
+    store.add_attempt("104", 0, "104:0.a", 0, 1)
+    store.add_attempt("104", 1, "104:1.b", 0, 1)
+    store.end_attempt("104:1.b", "done", "dtn1", 1, 1)
+    store.add_attempt("103", 0, "103:0.c", 0, 1)
+    assert Store(tmp_path / "state.db").lose_attempts() == 2
+    assert [a.state for a in store.attempts("104")] == ["lost", "done"]
+    store.delete_job("104")  # purged
+    store.create_job("103", uid=1, gid=1, pool=None, size=0, scratch=None,
+                     directives=[directive(0)])  # fmt: skip  # the id reused
+    assert store.attempts("104") == [] and store.attempts("103") == []
+    assert store.nodes() == {}
