@@ -18,8 +18,8 @@ run; every run's bytes are checked (MD5 against each object's ETag, SHA-256 agai
 source tree) and its rounds rotate the order of N. Goal (issue 16): the rate with N nodes
 ≥ 0.8 × N × the one-node rate, up to the uncapped limit.
 
-Writes benchmarks/results/scaleout.json, then regenerates docs/performance.md unless
---no-doc.
+Each run adds its cap's figures (keyed by ``--rate``) to benchmarks/results/scaleout.json,
+then regenerates docs/performance.md unless --no-doc.
 
 Usage: python3 benchmarks/bench_scaleout.py [--nodes 1,2,4] [--rate 40] [--rounds 2]
        [--cases s3,posix] [--dir /var/tmp/bbstage-scaleout] [--no-doc]   (as root)
@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from common import REPO, check, environment, fail, parser, rotate, save_result
+from common import REPO, check, environment, fail, load_result, parser, rotate, save_result
 
 from bbstage.bench.cache import settle
 from bbstage.config import Movers
@@ -127,12 +127,25 @@ def digests(tree: Path, algorithm: str) -> dict[str, str]:
     return {str(p.relative_to(tree)): digest(p) for p in sorted(tree.rglob("*")) if p.is_file()}
 
 
-def transfer(executor: Any, spec: TransferSpec, identity: Identity) -> tuple[float, int, int]:
-    """Seconds, bytes and files of one transfer through ``executor`` (its ``Done``)."""
+def cpu_times() -> tuple[int, int]:
+    """The machine's busy and total CPU time so far (jiffies, /proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def transfer(executor: Any, spec: TransferSpec, identity: Identity) -> dict[str, Any]:
+    """Seconds, bytes and files of one transfer through ``executor`` (its ``Done``), and
+    the share of the machine's CPUs that were busy meanwhile (everyone's: RGW too)."""
+    busy0, total0 = cpu_times()
     started = time.perf_counter()
     done = executor.submit(f"bench:{uuid.uuid4().hex[:8]}", spec, identity, lambda e: None)
     result = done.result(timeout=1800)
-    return time.perf_counter() - started, result.bytes, result.files
+    seconds = time.perf_counter() - started
+    busy1, total1 = cpu_times()
+    cpu = (busy1 - busy0) / max(1, total1 - total0)
+    return {"seconds": seconds, "bytes": result.bytes, "files": result.files, "cpu_busy": cpu}
 
 
 def run_case(
@@ -146,13 +159,20 @@ def run_case(
     source = f"s3://{BUCKET}/in/" if case == "s3" else f"{root / 'tree'}/"
     spec = TransferSpec.between(source, f"{out}/", job_id="bench", threads=8)
     settle("drop")
-    seconds, nbytes, files = transfer(executor, spec, identity)
+    t = transfer(executor, spec, identity)
     size = OBJECT_SIZE if case == "s3" else FILE_SIZE
-    check(files == len(want) and nbytes == len(want) * size, f"{case}: {files} files, {nbytes} B")
+    check(
+        t["files"] == len(want) and t["bytes"] == len(want) * size,
+        f"{case}: {t['files']} files, {t['bytes']} B",
+    )
     got = digests(out, "md5" if case == "s3" else "sha256")
     check(got == want, f"{case}: {sum(got.get(k) != v for k, v in want.items())} files differ")
     shutil.rmtree(out)
-    return {"seconds": seconds, "mb_s": nbytes / seconds / MB}
+    return {
+        "seconds": t["seconds"],
+        "mb_s": t["bytes"] / t["seconds"] / MB,
+        "cpu_busy": t["cpu_busy"],
+    }
 
 
 def dask_movers(env: dict[str, str]) -> Movers:
@@ -167,13 +187,16 @@ def dask_movers(env: dict[str, str]) -> Movers:
 
 
 def summary(runs: dict[str, dict[str, list[dict[str, float]]]], nodes: list[int]) -> dict:
-    """Per case: the best rate of each variant, and N-node rate ÷ (N × one-node rate)."""
+    """Per case: the best rate of each variant (and the CPUs' busy share in that run), and
+    N-node rate ÷ (N × one-node rate)."""
     out: dict[str, Any] = {}
     for case, variants in runs.items():
-        best = {v: max(r["mb_s"] for r in rs) for v, rs in variants.items()}
+        top = {v: max(rs, key=lambda r: r["mb_s"]) for v, rs in variants.items()}
+        best = {v: r["mb_s"] for v, r in top.items()}
         one = best.get("1")
         efficiency = {str(n): best[str(n)] / (n * one) for n in nodes if one and str(n) in best}
-        out[case] = {"best_mb_s": best, "efficiency": efficiency}
+        cpu = {v: r["cpu_busy"] for v, r in top.items()}
+        out[case] = {"best_mb_s": best, "efficiency": efficiency, "cpu_busy": cpu}
     return out
 
 
@@ -215,18 +238,18 @@ def main() -> None:
                     r = run_case(case, executor, args.dir, want[case], identity)
                     runs[case].setdefault(variant, []).append(r)
                     print(f"round {round_ + 1} {case:5} {variant:>5}: {r['seconds']:6.1f} s "
-                          f"{r['mb_s']:7.1f} MB/s")  # fmt: skip
+                          f"{r['mb_s']:7.1f} MB/s, CPUs {r['cpu_busy']:.0%} busy")  # fmt: skip
             finally:
                 executor.shutdown()
-    result = {
-        "environment": environment(rate_mb_s=args.rate),
+    result = load_result(NAME) or {"goal_efficiency": GOAL, "rates": {}}
+    result["environment"] = environment()
+    result["datasets"] = {
+        "s3": f"{OBJECTS} × {OBJECT_SIZE >> 20} MiB objects → POSIX",
+        "posix": f"{FILES} × {FILE_SIZE >> 20} MiB files (2 GiB) → POSIX",
+    }
+    result["rates"][str(args.rate)] = {
         "nodes": nodes,
-        "rate_mb_s": args.rate,
-        "goal_efficiency": GOAL,
-        "datasets": {
-            "s3": f"{OBJECTS} × {OBJECT_SIZE >> 20} MiB objects → POSIX",
-            "posix": f"{FILES} × {FILE_SIZE >> 20} MiB files (2 GiB) → POSIX",
-        },
+        "rounds": args.rounds,
         "runs": runs,
         "summary": summary(runs, nodes),
     }
