@@ -21,12 +21,22 @@ Two measures, both per task, both bbstage minus no-op:
               its scheduler cycles (``bf_interval=1``), so this moves by whole seconds
               between identical runs; it is reported, with every run, for context.
 
+The same polling counts the tasks that failed (ended other than COMPLETED) or are held
+(pending at priority 0, as burst_buffer/lua leaves a task whose stage-in failed, or with
+a ``Held`` reason), and ids seen done stay counted after slurmctld forgets them
+(``MinJobAge``, 300 s). During bbstage's runs it samples, about every ``RSS_EVERY`` s,
+the daemon's VmRSS (the pid in ``$BBSTAGE_CLUSTER_DIR/run/bbstage.pid``) with the tasks
+done so far: no extra Slurm call. Goal 3 of issue [N]: 1,000 tasks, none failed or held,
+hook overhead per task no more than at 200 tasks, RSS flat (≤ ``RSS_FLAT`` × its value at
+task ``RSS_FROM``) to the end.
+
 To run a variant the cluster's ``etc/burst_buffer.lua`` is replaced (the real hooks move
 to ``bench-hooks.lua`` beside it, so they still find their modules) and, in a ``finally``,
 reinstalled with ``bbstage --config $BBSTAGE_CONFIG install-lua --dest
 $BBSTAGE_CLUSTER_DIR/etc`` (burst_buffer/lua reloads the script when its mtime changes).
 
-Writes benchmarks/results/job_array.json, then regenerates docs/performance.md.
+Each run adds its case (keyed by the task count) to benchmarks/results/job_array.json,
+then regenerates docs/performance.md unless --no-doc.
 
 Usage: eval "$(scripts/local-cluster up)"; python3 benchmarks/bench_job_array.py
        [--tasks 200] [--repeat 1] [--user bbuser1] [--timeout 900] [--no-doc]
@@ -46,11 +56,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, environment, fail, parser, rotate, save_result
+from common import REPO, environment, fail, load_result, parser, rotate, save_result
 
 NAME = "job_array"
 GOAL_MS = 25.0
 POLL = 0.2
+RSS_EVERY = 1.0  # seconds between two samples of the daemon's RSS
+RSS_FROM = 100  # the task from which the daemon's RSS must stay flat
+RSS_FLAT = 1.1  # flat: RSS at the end <= RSS_FLAT x RSS at task RSS_FROM
+ENDED = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+ENDED |= {"DEADLINE", "PREEMPTED"}
 
 NOOP_LUA = """\
 -- No-op burst_buffer.lua written by benchmarks/bench_job_array.py for its baseline run;
@@ -148,22 +163,77 @@ def job_script(work: Path) -> str:
     )
 
 
-def records(array_id: str) -> list[tuple[str, str]]:
-    """(JobState, BurstBufferState) of every record of the array (pending remainder too)."""
+def task_ids(spec: str) -> list[int]:
+    """The tasks of an ``ArrayTaskId``: ``7``, ``5-199%10`` (a pending remainder), ``3,5-9``."""
+    ids: list[int] = []
+    for part in spec.split("%")[0].split(","):
+        first, _, last = part.partition("-")
+        ids += range(int(first), int(last or first) + 1)
+    return ids
+
+
+def outcomes(array_id: str) -> dict[str, set[int]]:
+    """The array's task ids by state: ``done`` (COMPLETED, burst buffer torn down),
+    ``failed`` (ended otherwise), ``held`` (pending at priority 0 or with a ``Held``
+    reason) and ``active`` (the rest, the pending remainder included)."""
     proc = subprocess.run(
         ["scontrol", "show", "job", "-o", array_id], capture_output=True, text=True
     )
-    rows = []
+    found: dict[str, set[int]] = {"done": set(), "failed": set(), "held": set(), "active": set()}
     for line in proc.stdout.splitlines():
-        state = re.search(r"\bJobState=(\S+)", line)
-        bb = re.search(r"\bBurstBufferState=(\S+)", line)
-        if state:
-            rows.append((state.group(1), bb.group(1) if bb else ""))
-    return rows
+        field = dict(
+            re.findall(r"\b(JobState|BurstBufferState|ArrayTaskId|Priority|Reason)=(\S*)", line)
+        )
+        if "JobState" not in field or "ArrayTaskId" not in field:
+            continue
+        state = field["JobState"]
+        if state == "COMPLETED" and field.get("BurstBufferState", "") in ("", "complete"):
+            kind = "done"
+        elif state in ENDED:
+            kind = "failed"
+        elif state == "PENDING" and (
+            field.get("Priority") == "0" or "Held" in field.get("Reason", "")
+        ):
+            kind = "held"
+        else:
+            kind = "active"
+        found[kind].update(task_ids(field["ArrayTaskId"]))
+    return found
 
 
-def run_array(script: Path, work: Path, user: str, tasks: int, timeout: float) -> dict:
-    """Submit the array; wait until all tasks are COMPLETED with no burst buffer left."""
+def daemon_rss() -> tuple[int, float] | None:
+    """(pid, VmRSS in MB) of the cluster's bbstage daemon; None when it does not run."""
+    try:
+        pid = int((Path(os.environ["BBSTAGE_CLUSTER_DIR"]) / "run" / "bbstage.pid").read_text())
+        with open(f"/proc/{pid}/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    except (OSError, ValueError, StopIteration):
+        return None
+    return pid, kb * 1024 / 1e6
+
+
+def rss_summary(series: list[list[float]], tasks: int) -> dict:
+    """RSS at task ``RSS_FROM`` (the first sample there or later; half-way through a
+    shorter array), at the end and its peak in between; growth = end / at that task."""
+    start = min(RSS_FROM, tasks // 2)
+    after = [s for s in series if s[0] >= start]
+    if not after:
+        return {}
+    return {
+        "from_task": after[0][0],
+        "at_from_mb": after[0][1],
+        "end_mb": after[-1][1],
+        "max_mb": max(s[1] for s in after),
+        "growth": after[-1][1] / after[0][1],
+    }
+
+
+def run_array(
+    script: Path, work: Path, user: str, tasks: int, timeout: float, sample: bool
+) -> tuple[dict, int]:
+    """Submit the array; wait until every task is COMPLETED with no burst buffer left,
+    failed or held (held ones are cancelled then). The run's figures and the tasks done;
+    with ``sample``, the daemon's RSS against the tasks done, about every ``RSS_EVERY`` s."""
     start = time.perf_counter()
     proc = subprocess.run(
         ["runuser", "-u", user, "--", "sbatch", "--parsable", f"--array=0-{tasks - 1}"]
@@ -174,23 +244,54 @@ def run_array(script: Path, work: Path, user: str, tasks: int, timeout: float) -
     if proc.returncode != 0:
         fail(f"sbatch refused the array: {proc.stderr.strip()}")
     array_id = proc.stdout.strip().split(";")[0]
-    done_states: list[tuple[str, str]] = []
+    done: set[int] = set()  # slurmctld forgets ended tasks after MinJobAge: keep them
+    failed: set[int] = set()
+    held: set[int] = set()
+    series: list[list[float]] = []
+    pids: set[int] = set()
+    next_sample = start
+
+    def take_sample() -> None:
+        rss = daemon_rss()
+        if rss is None:
+            fail("the bbstage daemon is not running (pid file or /proc/PID/status)")
+        pids.add(rss[0])
+        series.append([len(done), round(rss[1], 2)])
+
     while time.perf_counter() - start < timeout:
-        rows = records(array_id)
-        finished = [r for r in rows if r[0] == "COMPLETED" and r[1] in ("", "complete")]
-        bad = [r for r in rows if r[0] in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")]
-        if bad:
-            subprocess.run(["scancel", array_id], capture_output=True)
-            fail(f"array {array_id}: a task ended {bad[0]} (see scontrol show job {array_id})")
-        if len(finished) == tasks:
-            done_states = rows
+        now = outcomes(array_id)
+        done |= now["done"]
+        failed |= now["failed"]
+        held = now["held"] - done - failed
+        if sample and time.perf_counter() >= next_sample:
+            take_sample()
+            next_sample += RSS_EVERY
+        if len(done | failed | held) == tasks:
             break
         time.sleep(POLL)
     else:
         subprocess.run(["scancel", array_id], capture_output=True)
         fail(f"array {array_id} not finished after {timeout:.0f} s (cancelled)")
     seconds = time.perf_counter() - start
-    return {"array_id": array_id, "seconds": seconds, "tasks": len(done_states)}
+    if held:
+        subprocess.run(["scancel", array_id], capture_output=True)
+    if failed or held:
+        print(
+            f"array {array_id}: {len(failed)} tasks failed, {len(held)} held "
+            f"(see scontrol show job {array_id})",
+            file=sys.stderr,
+        )
+    run = {
+        "array_id": array_id,
+        "seconds": seconds,
+        "tasks": len(done),
+        "failed": len(failed),
+        "held": len(held),
+    }
+    if sample:
+        take_sample()
+        run["rss"] = {**rss_summary(series, tasks), "pids": sorted(pids), "series": series}
+    return run, len(done)
 
 
 def install_variant(etc: Path, variant: str, log: Path) -> None:
@@ -276,20 +377,22 @@ def main() -> int:
                 log = work / f"hooks-{variant}-{rep}.log"
                 install_variant(etc, variant, log)
                 try:
-                    r = run_array(script, work, args.user, args.tasks, args.timeout)
+                    r, done = run_array(
+                        script, work, args.user, args.tasks, args.timeout, variant == "bbstage"
+                    )
                 finally:
                     restore(etc, config, (etc / "burst_buffer.lua").stat().st_mtime)
                 staged = len(list((work / "out").iterdir()))
-                if variant == "bbstage" and staged != args.tasks:
-                    fail(f"{staged} of {args.tasks} tasks staged their file out")
+                if variant == "bbstage" and staged != done:
+                    fail(f"{staged} tasks staged their file out, {done} completed")
                 for f in (work / "out").iterdir():
                     f.unlink()
                 if args.keep_logs:
                     os.makedirs(args.keep_logs, exist_ok=True)
                     shutil.copy(log, args.keep_logs)
                 times = hook_times(log)
-                if len(times) != args.tasks:
-                    fail(f"{variant}: the timing shim logged {len(times)} of {args.tasks} tasks")
+                if len(times) < done:
+                    fail(f"{variant}: the timing shim logged {len(times)} tasks, {done} completed")
                 r["hook_ms_per_task"] = (
                     statistics.mean(sum(h.values()) for h in times.values()) * 1e3
                 )
@@ -299,9 +402,12 @@ def main() -> int:
                     if any(name in h for h in times.values())
                 }
                 runs[variant].append(r)
+                rss = r.get("rss", {})
                 print(
                     f"{variant:8} ({rep + 1}/{args.repeat}): {r['seconds']:.2f} s, "
-                    f"hooks {r['hook_ms_per_task']:.2f} ms per task",
+                    f"hooks {r['hook_ms_per_task']:.2f} ms per task, "
+                    f"{r['failed']} failed, {r['held']} held"
+                    + (f", daemon RSS growth {rss['growth']:.2f}x" if "growth" in rss else ""),
                     flush=True,
                 )
     finally:
@@ -322,20 +428,31 @@ def main() -> int:
     overhead = variants["bbstage"]["hook_ms_per_task"] - variants["noop"]["hook_ms_per_task"]
     makespan = (variants["bbstage"]["seconds"] - variants["noop"]["seconds"]) * 1e3 / args.tasks
     slurm = subprocess.run(["sinfo", "--version"], capture_output=True, text=True).stdout
-    result = {
-        "benchmark": "Slurm job array: bbstage hooks vs no-op burst_buffer.lua",
+    ours = runs["bbstage"]
+    growths = [r["rss"]["growth"] for r in ours if "growth" in r["rss"]]
+    case = {
         "tasks": args.tasks,
         "variants": variants,
         "overhead_ms_per_task": overhead,
         "makespan_ms_per_task": makespan,
-        "goal_ms_per_task": GOAL_MS,
         "met": overhead < GOAL_MS,
+        "failed": sum(r["failed"] for r in ours),
+        "held": sum(r["held"] for r in ours),
+        "rss_growth": max(growths) if growths else None,
         "environment": environment(slurm=slurm.strip()),
     }
     print(
         f"overhead: {overhead:.2f} ms of hook time per task (goal < {GOAL_MS} ms); "
         f"makespan {makespan:+.1f} ms per task"
     )
+    result = load_result(NAME)
+    result.update(
+        benchmark="Slurm job array: bbstage hooks vs no-op burst_buffer.lua",
+        goal_ms_per_task=GOAL_MS,
+        rss_from_task=RSS_FROM,
+        rss_flat_max=RSS_FLAT,
+    )
+    result.setdefault("cases", {})[str(args.tasks)] = case
     save_result(NAME, result, doc=not args.no_doc)
     return 0
 
