@@ -11,6 +11,7 @@ from common import REPO
 from .generic import Render, generic
 from .hooks import hook_roundtrip, job_process
 from .job_array import job_array
+from .memory import memory
 from .results import load, result_files
 from .scaleout import scaleout
 from .staging import posix, s3
@@ -33,6 +34,7 @@ SECTIONS: dict[str, Render] = {
     "s3": s3,
     "job_array": job_array,
     "scaleout": scaleout,
+    "memory": memory,
     "hook_roundtrip": hook_roundtrip,
     "job_process": job_process,
 }
