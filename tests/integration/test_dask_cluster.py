@@ -71,6 +71,43 @@ def ended(cluster: Cluster, job: str) -> list[dict[str, str]]:
     return found
 
 
+def bbstage_events(cluster: Cluster, job: str) -> list[str]:
+    """The job's ``distributed.Event`` names left on the scheduler (asked with the
+    daemon's certificate)."""
+    from distributed import Client
+    from distributed.security import Security
+
+    tls = Path(cluster.env["BBSTAGE_MOVERS_TLS"])
+    security = Security(
+        tls_ca_file=str(tls / "ca.pem"),
+        tls_client_cert=str(tls / "client.pem"),
+        tls_client_key=str(tls / "client.key"),
+        require_encryption=True,
+    )
+    with Client(cluster.env["BBSTAGE_MOVERS_SCHEDULER"], security=security, timeout=30) as c:
+        names = c.run_on_scheduler(
+            lambda dask_scheduler: [str(n) for n in dask_scheduler.extensions["events"]._events]
+        )
+    return [n for n in names if n.startswith("bbstage-") and f"-{job}:" in n]
+
+
+def attempts_accounted(cluster: Cluster, job: str) -> list[dict[str, Any]]:
+    """Check the job's attempts as the daemon recorded them (``bbstage status --json``):
+    none left running, the done ones' files and bytes sum to each directive's, every done
+    one ran on a transfer node; no Dask event of the job left on the scheduler."""
+    directives = cluster.status(job)["directives"]
+    for d in directives:
+        done = [a for a in d["attempts"] if a["state"] == "done"]
+        assert done, d
+        assert not [a for a in d["attempts"] if a["state"] == "running"], d["attempts"]
+        assert sum(a["files"] for a in done) == d["files_total"], d
+        assert sum(a["bytes"] for a in done) == d["bytes_total"], d
+        assert {a["node"] for a in done} <= DTNS, d["attempts"]
+        assert not any(n["running"] for n in d["nodes"]), d["nodes"]
+    assert not bbstage_events(cluster, job)
+    return directives
+
+
 def copies(uid: int) -> list[int]:
     """Processes of ``uid`` running a remote copy (``python -m bbstage.remote``)."""
     found = []
@@ -117,6 +154,15 @@ def test_a_tree_is_staged_in_and_out_through_dask_as_the_user(
     for e in ended(cluster, job):
         nodes.setdefault(e["attempt"].split(".")[0], set()).add(e["node"])
     assert nodes == {f"{job}:0": DTNS, f"{job}:1": DTNS}, nodes
+    # The daemon recorded every attempt (before submitting it) with its node: each
+    # directive's shards, one per node, and `bbstage status` shows them.
+    logged = {e["attempt"] for e in ended(cluster, job)}
+    for d in attempts_accounted(cluster, job):
+        done = [a for a in d["attempts"] if a["state"] == "done"]
+        assert {a["node"] for a in done} == DTNS
+        assert sorted(a["shard"] for a in done) == list(range(WORKERS))
+        assert d["files_total"] == 40 and {a["id"] for a in done} <= logged
+    assert "nodes: dtn1 " in cluster.bbstage("status", job).stdout
 
 
 def test_s3_is_staged_in_and_out_through_the_nodes(
@@ -175,7 +221,7 @@ def parts(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if ".bbstage-" in p.name]
 
 
-def staged_through_a_fault(cluster: Cluster, workdir: Path, fault: Any) -> None:
+def staged_through_a_fault(cluster: Cluster, workdir: Path, fault: Any) -> list[dict[str, Any]]:
     """Stage a tree in; once a copy is under way, ``fault()``; the job must still run on
     the whole tree, byte for byte, with no temporary file left behind. The files are
     sparse, 512 MiB each: the copies share the file system (the rate cap is on the
@@ -200,6 +246,7 @@ def staged_through_a_fault(cluster: Cluster, workdir: Path, fault: Any) -> None:
     assert (workdir / "count.txt").read_text().split() == ["8"]
     assert not parts(dst), parts(dst)
     assert tree_digests(dst) == tree_digests(src)
+    return attempts_accounted(cluster, job)
 
 
 def test_a_node_that_dies_mid_transfer_leaves_a_complete_verified_job(
@@ -236,7 +283,9 @@ def test_a_scheduler_restart_mid_transfer_leaves_a_complete_verified_job(
         movers("up", str(WORKERS))
 
     try:
-        staged_through_a_fault(cluster, workdir, restart)
+        (d,) = staged_through_a_fault(cluster, workdir, restart)
+        lost = [a for a in d["attempts"] if a["state"] == "failed"]
+        assert any("Dask task lost" in a["error"] for a in lost), d["attempts"]
     finally:
         movers("up", str(WORKERS))
 
