@@ -127,33 +127,40 @@ def net_namespace(pid: int) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 
 
+def staged_in_and_out(cluster: Cluster, workdir: Path, source: str, inside: str, back: str) -> str:
+    """Run a job that stages ``source`` to ``inside`` and ``inside`` back to ``back`` (all
+    trees) and counts its files into count.txt; the job id. Both directives must have run
+    as Dask tasks on the transfer nodes, not in local workers, each split into one shard
+    per node, the shards on different nodes at once."""
+    as_user(workdir)
+    job = cluster.submit(
+        workdir,
+        "#!/bin/bash\n"
+        f"#BB_LUA stage_in source={source} destination={inside}\n"
+        f"#BB_LUA stage_out source={inside} destination={back}\n"
+        f"find {inside} -type f | wc -l > count.txt\n",
+    )
+    cluster.wait_gone(job, timeout=240)
+    assert cluster.job(job)["JobState"] == "COMPLETED", cluster.status(job)
+    nodes: dict[str, set[str]] = {}
+    for e in ended(cluster, job):
+        nodes.setdefault(e["attempt"].split(".")[0], set()).add(e["node"])
+    assert nodes == {f"{job}:0": DTNS, f"{job}:1": DTNS}, nodes
+    return job
+
+
 def test_a_tree_is_staged_in_and_out_through_dask_as_the_user(
     cluster: Cluster, workdir: Path
 ) -> None:
     src = make_tree(workdir / "src", 40, 256 << 10, sub="deeper")
-    as_user(workdir)
     inside, back = workdir / "in", workdir / "back"
-    job = cluster.submit(
-        workdir,
-        "#!/bin/bash\n"
-        f"#BB_LUA stage_in source={src}/ destination={inside}/\n"
-        f"#BB_LUA stage_out source={inside}/ destination={back}/\n"
-        f"ls -R {inside} > listing.txt\n",
-    )
-    cluster.wait_gone(job, timeout=240)
-    assert cluster.job(job)["JobState"] == "COMPLETED", cluster.status(job)
+    job = staged_in_and_out(cluster, workdir, f"{src}/", f"{inside}/", f"{back}/")
     want = tree_digests(src)
     assert tree_digests(inside) == want
     assert tree_digests(back) == want
     uid = int(cluster.run("id", "-u", USER).strip())
     for path in [*inside.rglob("*"), *back.rglob("*")]:
         assert path.lstat().st_uid == uid, path
-    # Both directives ran as Dask tasks on the transfer nodes, not in local workers, each
-    # split into one shard per node, the shards on different nodes at once.
-    nodes: dict[str, set[str]] = {}
-    for e in ended(cluster, job):
-        nodes.setdefault(e["attempt"].split(".")[0], set()).add(e["node"])
-    assert nodes == {f"{job}:0": DTNS, f"{job}:1": DTNS}, nodes
     # The daemon recorded every attempt (before submitting it) with its node: each
     # directive's shards, one per node, and `bbstage status` shows them.
     logged = {e["attempt"] for e in ended(cluster, job)}
@@ -179,26 +186,13 @@ def test_s3_is_staged_in_and_out_through_the_nodes(
         body = os.urandom(300_000 + i)
         client.put_object(Bucket=bucket, Key=f"in/d{i % 3}/o{i}", Body=body)
         want[f"d{i % 3}/o{i}"] = body
-    as_user(workdir)
     inside = workdir / "in"
-    job = cluster.submit(
-        workdir,
-        "#!/bin/bash\n"
-        f"#BB_LUA stage_in source=s3://{bucket}/in/ destination={inside}/\n"
-        f"#BB_LUA stage_out source={inside}/ destination=s3://{bucket}/out/\n"
-        f"find {inside} -type f | wc -l > count.txt\n",
-    )
-    cluster.wait_gone(job, timeout=240)
-    assert cluster.job(job)["JobState"] == "COMPLETED", cluster.status(job)
+    staged_in_and_out(cluster, workdir, f"s3://{bucket}/in/", f"{inside}/", f"s3://{bucket}/out/")
     assert (workdir / "count.txt").read_text().split() == [str(len(want))]
     for name, body in want.items():
         assert (inside / name).read_bytes() == body, name
         got = client.get_object(Bucket=bucket, Key=f"out/{name}")["Body"].read()
         assert got == body, name
-    nodes: dict[str, set[str]] = {}
-    for e in ended(cluster, job):
-        nodes.setdefault(e["attempt"].split(".")[0], set()).add(e["node"])
-    assert nodes == {f"{job}:0": DTNS, f"{job}:1": DTNS}, nodes
 
 
 def movers(*args: str) -> str:
