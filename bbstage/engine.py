@@ -512,7 +512,9 @@ class Engine:
         future = self._active.get((job_id, idx))
         await asyncio.to_thread(self.executor.cancel, f"{job_id}:{idx}")
         if future is not None:
-            await asyncio.wait([future])
+            await asyncio.wait([future])  # its end forgets the count (_finished)
+        elif (job_id, idx) not in self._active:  # nothing ran and nothing started since
+            self._attempts.pop((job_id, idx), None)
 
     def _spec(self, job: JobRow, d: DirectiveRow) -> TransferSpec:
         """The one place a directive becomes a transfer spec."""

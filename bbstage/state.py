@@ -35,7 +35,7 @@ PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "faile
 LOST = "lost"
 
 CHECKPOINT_EVERY = 1.0  # seconds
-CACHE_JOBS = 10_000  # jobs kept in memory by Store.job
+CACHE_JOBS = 10_000  # unfinished jobs kept in memory by Store.job (a bound, never reached)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -135,8 +135,9 @@ class Store:
     """A thread-safe handle on the state database.
 
     The daemon is its only writer (``daemon.lock``), so ``job`` answers from a copy of each
-    job it has read or written; every write replaces that copy with a new row object (never
-    changes one a caller holds)."""
+    unfinished job it has read or written; every write replaces that copy with a new row
+    object (never changes one a caller holds). A finished job leaves the copies: the
+    daemon's memory follows the jobs in flight, not the jobs it has seen."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -253,7 +254,10 @@ class Store:
         cols = ", ".join(f"{k} = ?" for k in values)
         with self._tx(job_id) as db:
             db.execute(f"UPDATE jobs SET {cols} WHERE job_id = ?", (*values.values(), job_id))
-            self._update(job_id, **values)
+            if values.get("state") in FINISHED:
+                self._cache.pop(job_id, None)
+            else:
+                self._update(job_id, **values)
 
     def job(self, job_id: str) -> JobRow | None:
         """The job and its directives (a row object shared with other callers: read only)."""
@@ -271,9 +275,10 @@ class Store:
                     "SELECT * FROM directives WHERE job_id = ? ORDER BY idx", (job_id,)
                 )
             ]
-            if len(self._cache) >= CACHE_JOBS:
-                self._cache.clear()
-            self._cache[job_id] = job
+            if job.state not in FINISHED:
+                if len(self._cache) >= CACHE_JOBS:
+                    self._cache.clear()
+                self._cache[job_id] = job
         return job
 
     def jobs(

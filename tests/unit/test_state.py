@@ -152,3 +152,36 @@ def test_attempts_left_running_are_lost_and_go_with_their_job(tmp_path: Path) ->
                      directives=[directive(0)])  # fmt: skip  # the id reused
     assert store.attempts("104") == [] and store.attempts("103") == []
     assert store.nodes() == {}
+
+
+def test_memory_follows_the_jobs_in_flight_not_the_jobs_seen(tmp_path: Path) -> None:
+    """A daemon that has finished thousands of jobs holds no more than one that has finished
+    a few hundred: a finished job's copy leaves memory (reading it again reads the database)."""
+    import gc
+    import tracemalloc
+
+    store = Store(tmp_path / "state.db")
+
+    def run_jobs(first: int, count: int) -> None:
+        for n in range(first, first + count):
+            job_id = str(n)
+            rows = [directive(0), directive(1)]
+            store.create_job(job_id, uid=1000, gid=1000, pool="scratch", size=0,
+                             scratch=f"/scratch/{n}", directives=rows)  # fmt: skip
+            store.set_job(job_id, state="staging_in")
+            store.set_directive(job_id, 0, state="done")
+            store.set_job(job_id, state="done")
+            assert store.job(job_id).state == "done"  # type: ignore[union-attr]
+
+    run_jobs(0, 200)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        run_jobs(200, 2000)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 200_000, f"{grown} bytes more after 2,000 more finished jobs"
+    assert store.job("5").state == "done"  # type: ignore[union-attr]
