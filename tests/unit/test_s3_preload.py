@@ -1,5 +1,7 @@
-"""The executor's forkserver preloads the S3 client libraries, so that a new worker does not
-pay their import (~0.3 s) at its first S3 transfer (docs/performance.md)."""
+"""The executor's forkserver preloads the S3 client libraries and botocore's S3 model, so
+that a new worker pays neither their import (~0.3 s) nor the model's parsing (0.08-0.23 s)
+at its first S3 transfer; every S3 client of a process shares that one loader
+(docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,12 @@ from bbstage.executor import TransferExecutor
 
 
 def _loaded(conn: multiprocessing.connection.Connection) -> None:
-    conn.send({name: name in sys.modules for name in ("s3fs", "aiobotocore.session")})
+    from bbstage.movers.implementations.s3.common import botocore_loader
+
+    loaded = {name: name in sys.modules for name in ("s3fs", "aiobotocore.session")}
+    cached = botocore_loader()._cache  # botocore's per-loader cache, keyed by method and args
+    parsed = ("load_service_model", "s3", "service-2", "api_version", None) in cached
+    conn.send({**loaded, "s3 model parsed": parsed})
     conn.close()
 
 
@@ -25,4 +32,17 @@ def test_a_worker_starts_with_s3fs_and_aiobotocore_loaded() -> None:
         proc.join(10)
     finally:
         executor.shutdown()
-    assert loaded == {"s3fs": True, "aiobotocore.session": True}
+    assert loaded == {"s3fs": True, "aiobotocore.session": True, "s3 model parsed": True}
+
+
+def test_every_s3_client_of_a_process_shares_one_loader_of_botocores_own_data() -> None:
+    from bbstage.movers.base import MoverOptions
+    from bbstage.movers.implementations.s3 import S3Download
+    from bbstage.movers.implementations.s3.common import botocore_loader
+
+    def loader_of_a_new_mover() -> object:
+        options = MoverOptions(job_id="t", extra={"s3": {"endpoint_url": "http://127.0.0.1:9"}})
+        return S3Download(options)._filesystem().session.get_component("data_loader")
+
+    assert loader_of_a_new_mover() is loader_of_a_new_mover() is botocore_loader()
+    assert botocore_loader().search_paths == [botocore_loader().BUILTIN_DATA_PATH]

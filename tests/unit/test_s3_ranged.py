@@ -64,22 +64,13 @@ def client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 def ranges(monkeypatch: pytest.MonkeyPatch, client: str) -> list[tuple[int, int]]:
     """The (offset, count) of every range the download asked for."""
     asked: list[tuple[int, int]] = []
-    if client == "botocore":
-        real = download.S3Download._get_range
+    real = download.S3Download._get_range
 
-        async def spy(self: Any, s3: Any, task: Any, fd: int, offset: int, count: int, *a, **k):  # type: ignore[no-untyped-def]
-            asked.append((offset, count))
-            return await real(self, s3, task, fd, offset, count, *a, **k)
+    async def spy(self: Any, task: Any, fd: int, offset: int, count: int, *a, **k):  # type: ignore[no-untyped-def]
+        asked.append((offset, count))
+        return await real(self, task, fd, offset, count, *a, **k)
 
-        monkeypatch.setattr(download.S3Download, "_get_range", spy)
-    else:
-        real_fast = fast.FastS3.get_range
-
-        async def spy_fast(self: Any, bucket: str, key: str, start: int, end: int) -> Any:
-            asked.append((start, end - start))
-            return await real_fast(self, bucket, key, start, end)
-
-        monkeypatch.setattr(fast.FastS3, "get_range", spy_fast)
+    monkeypatch.setattr(download.S3Download, "_get_range", spy)
     return asked
 
 
@@ -142,15 +133,31 @@ def test_ranges_of_a_replaced_object_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Ranges that come from two versions of the object (another ETag) never make a file."""
-    real = fast.FastS3.get_range
+    real = fast.FastS3.open
 
-    async def replaced(self: Any, bucket: str, key: str, start: int, end: int) -> Any:
-        data, etag = await real(self, bucket, key, start, end)
-        return data, etag if start == 0 else '"another"'
+    async def replaced(self: Any, bucket: str, key: str, start: int, end: int | None) -> Any:
+        body = await real(self, bucket, key, start, end)
+        if start != 0:
+            body.etag = '"another"'
+        return body
 
-    monkeypatch.setattr(fast.FastS3, "get_range", replaced)
+    monkeypatch.setattr(fast.FastS3, "open", replaced)
     bucket, _ = big
     dst = tmp_path / "copy"
     with pytest.raises(TransferError, match="changed while staging"):
         fetch(f"s3://{bucket}/big", dst, endpoint, download_concurrency=4)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cut_stream_resumes_where_it_stopped(
+    tmp_path: Path, endpoint: str, big: tuple[str, Path], ranges: list[tuple[int, int]]
+) -> None:
+    """One streamed GET (``download_concurrency = 1``) that the network cuts goes on with a
+    ranged GET from the byte it reached: the file is whole and nothing is fetched twice."""
+    bucket, src = big
+    dst = tmp_path / "copy"
+    with FaultProxy(endpoint, truncate=0.5, methods={"GET"}, seed=3) as proxy:
+        fetch(f"s3://{bucket}/big", dst, proxy.url, download_concurrency=1, retries=1)
+    assert proxy.stats.truncate > 0
+    assert ranges == [(0, SIZE)]  # one stream, resumed inside it
+    assert file_digest(dst) == file_digest(src)

@@ -5,13 +5,13 @@ administrator mapped to the user, endpoint/region/addressing from ``[s3]``); the
 our own asyncio code on that client, because batching and concurrency are where the speed is:
 
 * many objects at once: ``copy_many`` keeps ``files_in_flight`` objects moving in one event loop;
-* small objects (up to ``fast.FAST_MAX``, without ``checksum=``): one GET or PUT through
-  obstore (Rust), a third of botocore's client CPU per request, same client settings and the
-  credentials botocore resolved (``fast``);
+* without ``checksum=``, GETs and single PUTs go through obstore (Rust), a third of botocore's
+  client CPU per request, same client settings and the credentials botocore resolved
+  (``fast``); small objects (up to ``fast.FAST_MAX``) in one request each;
 * big uploads: multipart, ``part_size`` parts, at most ``max_concurrency`` parts in flight per
   transfer (which also bounds memory), aborted on any failure or cancel;
-* big downloads: one streamed GET (resumed with a ranged GET after a dropped connection), or
-  ``download_concurrency`` ranged GETs written with ``pwrite``.
+* big downloads: one streamed GET (resumed with a ranged GET from the byte it reached after
+  a dropped connection), or ``download_concurrency`` such ranges written with ``pwrite``.
 
 Downloads write a temporary file beside the destination and rename it into place when the
 size is right (``localfs.atomic_file``). Errors name the ``s3://`` URL; throttling, 5xx and

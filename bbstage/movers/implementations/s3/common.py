@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -209,6 +210,28 @@ class _S3Mover(Mover):
             self._client = None
 
 
+@functools.cache
+def botocore_loader() -> Any:
+    """One botocore data loader per process, so that every client it builds reuses the S3
+    model and endpoint rules it parsed once (a new loader each time cost 0.08-0.23 s per
+    transfer). Only botocore's own data: never models from some home's ``~/.aws/models``."""
+    from botocore.loaders import Loader
+
+    return Loader(extra_search_paths=[Loader.BUILTIN_DATA_PATH], include_default_search_paths=False)
+
+
+def warm() -> None:
+    """Parse what an S3 client needs into ``botocore_loader`` now (no request is made): the
+    executor's forkserver does this once, so its workers start with it."""
+    import botocore.session
+
+    session = botocore.session.Session()
+    session.register_component("data_loader", botocore_loader())
+    session.create_client(
+        "s3", region_name="us-east-1", aws_access_key_id="-", aws_secret_access_key="-"
+    )
+
+
 def _make_filesystem(mover: _S3Mover) -> Any:
     """An s3fs filesystem with the user's credentials and the site's endpoint settings."""
     import botocore.exceptions as bx
@@ -217,6 +240,7 @@ def _make_filesystem(mover: _S3Mover) -> Any:
 
     settings = mover.settings
     session = AioSession(profile=mover.profile) if mover.profile else AioSession()
+    session.register_component("data_loader", botocore_loader())
     try:
         # Never the host's credentials: no EC2 instance role, no ECS/container role.
         resolver = session.get_component("credential_provider")

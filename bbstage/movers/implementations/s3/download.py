@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import posixpath
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 from bbstage.movers import checksum, localfs
@@ -156,7 +158,6 @@ class S3Download(_S3Mover):
         localfs.make_dir(task)
 
     async def _copy_one(self, task: FileTask, progress: Progress) -> None:
-        s3 = await self._s3()
         counted = _Counted(progress)
         seen: dict[str, Any] = {}  # what the GETs said about the object (see _note)
         try:
@@ -165,9 +166,9 @@ class S3Download(_S3Mover):
                 if self.fast is not None and not self.checksum and task.size <= FAST_MAX:
                     await self._get_fast(task, fd, counted)
                 elif task.size >= self.settings.multipart_threshold and parts > 1:
-                    await self._get_ranged(s3, task, fd, counted, seen)
+                    await self._get_ranged(task, fd, counted, seen)
                 else:
-                    await self._get_range(s3, task, fd, 0, task.size, counted, seen, whole=True)
+                    await self._get_range(task, fd, 0, task.size, counted, seen, whole=True)
                 if self.checksum:
                     await self._verify(task, fd, seen)
         except BaseException:
@@ -185,7 +186,10 @@ class S3Download(_S3Mover):
                 f"{task.src} changed while staging: it has {len(data)} bytes, {task.size} when"
                 " planned (requeue the job to stage the new one)"
             )
-        _write_all(fd, data, 0, task)
+        try:
+            _pwrite_all(fd, data, 0)
+        except _LocalError as exc:
+            raise os_error(exc.error, task.dst) from None
         progress.add(len(data))
 
     def _note(self, task: FileTask, resp: dict[str, Any], seen: dict[str, Any]) -> None:
@@ -224,7 +228,7 @@ class S3Download(_S3Mover):
             )
 
     async def _get_ranged(
-        self, s3: Any, task: FileTask, fd: int, progress: _Counted, seen: dict[str, Any]
+        self, task: FileTask, fd: int, progress: _Counted, seen: dict[str, Any]
     ) -> None:
         step = self.settings.part_size
         os.ftruncate(fd, task.size)
@@ -233,39 +237,14 @@ class S3Download(_S3Mover):
         async def part(offset: int) -> None:
             async with slots:
                 n = min(step, task.size - offset)
-                if self.fast is not None and not self.checksum:
-                    await self._get_range_fast(task, fd, offset, n, progress, seen)
-                else:
-                    await self._get_range(s3, task, fd, offset, n, progress, seen)
+                await self._get_range(task, fd, offset, n, progress, seen)
 
         await _first_failure(
             [asyncio.ensure_future(part(off)) for off in range(0, task.size, step)]
         )
 
-    async def _get_range_fast(
-        self, task: FileTask, fd: int, offset: int, count: int, progress: _Counted, seen: dict
-    ) -> None:
-        """One range through obstore (s3/fast.py): its bytes go to the file as they came,
-        without a copy in Python; every range must come from the same object (ETag)."""
-        assert self.fast is not None
-        fast = self.fast
-        bucket, key = split_url(task.src)
-        data, etag = await self._retry(
-            task.src, lambda: fast.get_range(bucket, key, offset, offset + count)
-        )
-        if seen.setdefault("etag", etag) != etag:
-            raise TransferError(
-                f"{task.src} changed while staging (its ETag changed between requests)",
-                permanent=False,
-            )
-        if len(data) != count:
-            raise TransferError(f"{task.src}: short read at byte {offset}", permanent=False)
-        _write_all(fd, data, offset, task)
-        progress.add(count)
-
     async def _get_range(
         self,
-        s3: Any,
         task: FileTask,
         fd: int,
         offset: int,
@@ -275,36 +254,27 @@ class S3Download(_S3Mover):
         *,
         whole: bool = False,
     ) -> None:
-        """Write ``count`` bytes of the object at ``offset`` (``whole``: the object is exactly
-        ``count`` bytes, fetch it without a Range); resume after dropped connections."""
+        """Write ``count`` bytes of the object at ``offset`` as they stream in (``whole``:
+        the object is exactly ``count`` bytes, fetch it without a Range); resume after
+        dropped connections with a ranged GET from where it stopped."""
         url = task.src
-        bucket, key = split_url(url)
         end, pos, failures, delay = offset + count, offset, 0, 0.1
         while True:
-            kw: dict[str, Any] = {"Bucket": bucket, "Key": key}
-            if pos > 0 or not whole:
-                if pos >= end:
-                    return
-                kw["Range"] = f"bytes={pos}-{end - 1}"
+            if pos >= end and not (whole and pos == 0):
+                return
             try:
-                resp = await s3.get_object(**kw)
-                body = resp["Body"]
-                try:
+                first = whole and pos == 0
+                async with self._get(task, pos, None if first else end) as (resp, chunks):
                     self._note(task, resp, seen)
-                    if whole and pos == 0 and resp["ContentLength"] != count:
+                    if first and resp["ContentLength"] != count:
                         raise TransferError(
                             f"{url} changed while staging: it has {resp['ContentLength']} bytes,"
                             f" {count} when planned (requeue the job to stage the new one)"
                         )
-                    while True:
-                        chunk = await body.read(_READ)
-                        if not chunk:
-                            break
-                        _pwrite(fd, chunk, pos)
+                    async for chunk in chunks:
+                        _pwrite_all(fd, chunk, pos)
                         pos += len(chunk)
                         progress.add(len(chunk))
-                finally:
-                    body.close()
                 if pos < end:
                     raise TransferError(f"{url}: short read at byte {pos}", permanent=False)
                 return
@@ -315,9 +285,32 @@ class S3Download(_S3Mover):
             failures += 1
             if err.permanent or failures >= _PART_RETRIES:
                 raise err
-            whole = False
             await asyncio.sleep(delay)
             delay *= 4
+
+    @contextlib.asynccontextmanager
+    async def _get(
+        self, task: FileTask, start: int, end: int | None
+    ) -> AsyncIterator[tuple[dict[str, Any], AsyncIterator[Any]]]:
+        """One GET of bytes ``start``..``end - 1`` (``end`` None: the whole object): what it
+        answered (``ETag``, ``ContentLength``, ``Metadata``) and its body's chunks. Through
+        obstore without ``checksum=`` (s3/fast.py: less client CPU), else botocore."""
+        bucket, key = split_url(task.src)
+        if self.fast is not None and not self.checksum:
+            body = await self.fast.open(bucket, key, start, end)
+            chunks = body.chunks()
+            async with contextlib.aclosing(chunks):
+                yield {"ETag": body.etag, "ContentLength": body.size}, chunks
+            return
+        s3 = await self._s3()
+        kw: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if end is not None:
+            kw["Range"] = f"bytes={start}-{end - 1}"
+        resp = await s3.get_object(**kw)
+        try:
+            yield resp, _read(resp["Body"])
+        finally:
+            resp["Body"].close()
 
 
 class _LocalError(Exception):
@@ -327,21 +320,23 @@ class _LocalError(Exception):
         self.error = error
 
 
-def _write_all(fd: int, data: Any, offset: int, task: FileTask) -> None:
-    """All of ``data`` (a buffer) at ``offset``; a local error names the destination."""
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """All of ``data`` (a buffer) at ``offset``; a local error as ``_LocalError``."""
     view, written = memoryview(data), 0
     try:
         while written < len(view):  # pwrite may write less than asked
             written += os.pwrite(fd, view[written:], offset + written)
     except OSError as exc:
-        raise os_error(exc, task.dst) from None
-
-
-def _pwrite(fd: int, data: bytes | memoryview, offset: int) -> int:
-    try:
-        return os.pwrite(fd, data, offset)
-    except OSError as exc:
         raise _LocalError(exc) from None
+
+
+async def _read(body: Any) -> AsyncIterator[bytes]:
+    """A botocore streaming body's chunks."""
+    while True:
+        chunk = await body.read(_READ)
+        if not chunk:
+            return
+        yield chunk
 
 
 def _parents(rel: str, dst: str) -> set[str]:

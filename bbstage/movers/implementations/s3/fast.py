@@ -1,8 +1,9 @@
-"""Small objects through ``obstore`` (Rust): a GET or PUT there costs the client about a third
+"""S3 requests through ``obstore`` (Rust): a GET or PUT there costs the client about a third
 of botocore's CPU (docs/performance.md), and with 2 CPUs shared by client and store, client
-CPU is throughput. Only whole-object GETs and PUTs without ``checksum=`` go this way (it needs
-``Content-MD5`` and the ETag check, which stay botocore's); listing, HEAD, multipart and
-ranged GETs stay botocore's too. Same endpoint, region, addressing, TLS settings and the very
+CPU is throughput. GETs (whole small objects, and the streamed or ranged GETs of big ones)
+and single PUTs go this way when there is no ``checksum=`` (it needs ``Content-MD5``, the
+ETag check and the object's metadata, which stay botocore's); listing, HEAD and multipart
+uploads stay botocore's too. Same endpoint, region, addressing, TLS settings and the very
 credentials the botocore client resolved (the user's profile or mapped keys), re-read before
 every request so that refreshed temporary credentials are used. Without obstore installed,
 against AWS itself, or with virtual-hosted addressing, the movers use botocore for everything.
@@ -11,13 +12,15 @@ against AWS itself, or with virtual-hosted addressing, the movers use botocore f
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 from bbstage.movers.base import TransferError
 from bbstage.movers.implementations.s3.errors import S3Error
 from bbstage.movers.implementations.s3.settings import MiB, S3Settings
 
-FAST_MAX = 8 * MiB  # larger objects: botocore (one streamed GET, or ranged GETs / multipart)
+FAST_MAX = 8 * MiB  # larger objects: streamed GETs, and multipart uploads through botocore
+STREAM_CHUNK = 1 * MiB  # bytes per chunk of a streamed GET (larger cost more CPU: measured)
 _STATUS = re.compile(r"\b([1-5]\d\d)\b")
 
 
@@ -110,16 +113,37 @@ class FastS3:
         except Exception as exc:
             raise ObstoreError(exc) from exc
 
-    async def get_range(self, bucket: str, key: str, start: int, end: int) -> tuple[Any, str]:
-        """Bytes ``start``..``end - 1`` (a buffer, not copied) and the object's ETag."""
+    async def open(self, bucket: str, key: str, start: int, end: int | None) -> Body:
+        """A GET of bytes ``start``..``end - 1`` (``end`` None: the whole object, no Range),
+        its body streamed in chunks of at least ``STREAM_CHUNK`` bytes."""
         import obstore
 
         store = await self.store(bucket)
+        options = {"range": (start, end)} if end is not None else {}
         try:
-            result = await obstore.get_async(store, key, options={"range": (start, end)})
-            return await result.bytes_async(), str(result.meta.get("e_tag"))
+            result = await obstore.get_async(store, key, options=options)
         except Exception as exc:
             raise ObstoreError(exc) from exc
+        meta = result.meta
+        return Body(str(meta.get("e_tag")), int(meta["size"]), result.stream(STREAM_CHUNK))
+
+
+class Body:
+    """An answer to ``FastS3.open``: the object's ETag and size, and the body's chunks
+    (obstore's buffers, not copied), whose errors read as obstore's (``ObstoreError``)."""
+
+    def __init__(self, etag: str, size: int, stream: Any) -> None:
+        self.etag, self.size, self._stream = etag, size, stream
+
+    async def chunks(self) -> AsyncIterator[Any]:
+        while True:
+            try:
+                chunk = await self._stream.__anext__()
+            except StopAsyncIteration:
+                return
+            except Exception as exc:
+                raise ObstoreError(exc) from exc
+            yield chunk
 
 
 class ObstoreError(Exception):
