@@ -68,7 +68,7 @@ class TransferExecutor:
                 "bbstage.movers.implementations.s3",  # once, not per worker (docs/performance.md)
                 "s3fs",  # the S3 movers import these at their first client, ~0.3 s
                 "aiobotocore.session",
-XX
+                "bbstage.movers.implementations.s3.preload",  # botocore's S3 model, parsed
             ]
         )
         forkserver.ensure_running()  # now, not in the middle of the first job's setup

@@ -447,3 +447,28 @@ def test_create_window_from_the_servers_date() -> None:
     start, end = _create_window(reply, 3.0)  # type: ignore[misc]
     assert end - start == 5.0 and end == 1_795_294_811.0
     assert _create_window({}, 1.0) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "2026-11-23T18:00:00.123Z",
+        "2026-11-23T18:00:00Z",
+        "2026-11-23T18:00:00+02:00",
+        "Mon, 23 Nov 2026 18:00:00 GMT",
+        "1700000000",
+        "2026-11-23T18:00:00",
+    ],  # fmt: skip
+)
+def test_timestamps_parse_as_botocore_parses_them(value: str) -> None:
+    """The fast timestamp parser every mover's client uses (LIST's LastModified) gives what
+    botocore's own gives, for every form S3 answers with."""
+    from botocore.utils import parse_timestamp as botocore_parse
+
+    from bbstage.movers.implementations.s3.common import parse_timestamp
+
+    ours, theirs = parse_timestamp(value), botocore_parse(value)
+    assert ours == theirs and ours.timestamp() == theirs.timestamp()
+    options = MoverOptions(job_id="t", extra={"s3": {"endpoint_url": "http://127.0.0.1:9"}})
+    factory = s3m.S3Download(options)._filesystem().session.get_component("response_parser_factory")
+    assert factory._defaults["timestamp_parser"] is parse_timestamp

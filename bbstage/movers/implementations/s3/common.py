@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import threading
 from collections.abc import Awaitable, Callable
@@ -220,6 +221,23 @@ def botocore_loader() -> Any:
     return Loader(extra_search_paths=[Loader.BUILTIN_DATA_PATH], include_default_search_paths=False)
 
 
+def parse_timestamp(value: Any) -> Any:
+    """botocore's timestamps, parsed fast: ISO 8601 (every LastModified of a LIST) with
+    ``datetime.fromisoformat``, in 0.3 µs where botocore's dateutil takes 60 µs (a
+    third of the client's CPU listing 1,000 objects); anything else (HTTP dates of HEAD, epoch
+    seconds, no zone) with botocore's own parser."""
+    if isinstance(value, str):
+        try:
+            parsed = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.tzinfo is not None:
+            return parsed
+    from botocore.utils import parse_timestamp as botocore_parse
+
+    return botocore_parse(value)
+
+
 def warm() -> None:
     """Parse what an S3 client needs into ``botocore_loader`` now (no request is made): the
     executor's forkserver does this once, so its workers start with it."""
@@ -241,6 +259,9 @@ def _make_filesystem(mover: _S3Mover) -> Any:
     settings = mover.settings
     session = AioSession(profile=mover.profile) if mover.profile else AioSession()
     session.register_component("data_loader", botocore_loader())
+    session.get_component("response_parser_factory").set_parser_defaults(
+        timestamp_parser=parse_timestamp
+    )
     try:
         # Never the host's credentials: no EC2 instance role, no ECS/container role.
         resolver = session.get_component("credential_provider")
