@@ -29,6 +29,7 @@ scheduler, not before: a rerun of its task (a worker died) must still find ``sta
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -119,6 +120,32 @@ class DaskExecutor:
             self._attempts[key] = []
         self._threads.submit(self._guarded, key, spec, identity, on_event, future)
         return future
+
+    def abandon(self, attempts: list[str]) -> None:
+        """Attempts a killed daemon left running (``lost`` in the state). Their tasks stop
+        their copies once the scheduler releases them (the daemon's client went away); set
+        their cancel events too, for a scheduler that has not noticed yet, and ``CANCEL_WAIT``
+        later delete those and the ``started`` ones, which nobody else would ever delete.
+        In the background: the daemon starts without waiting for the scheduler."""
+        if attempts:
+            self._threads.submit(self._abandon, list(attempts))
+
+    def _abandon(self, attempts: list[str]) -> None:
+        from distributed import Event as DaskEvent
+
+        try:
+            client = self._connect()
+            for attempt in attempts:
+                DaskEvent(remote.cancel_event(attempt), client=client).set()
+            time.sleep(CANCEL_WAIT)
+            for attempt in attempts:
+                for name in (remote.cancel_event(attempt), remote.started_event(attempt)):
+                    DaskEvent(name, client=client).clear()
+        except Exception as exc:
+            log.warning("could not stop the attempts of the daemon's last run",
+                        attempts=len(attempts), error=str(exc))  # fmt: skip
+            return
+        log.info("attempts of the daemon's last run stopped", attempts=len(attempts))
 
     def cancel(self, key: str) -> None:
         """Stop a transfer: its tasks kill the remote copies; wait until they did."""

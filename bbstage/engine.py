@@ -123,7 +123,8 @@ class Engine:
         attempts recorded running are marked lost)."""
         lost = self.store.lose_attempts()
         if lost:
-            log.info("attempts lost with the daemon's stop", attempts=lost)
+            log.info("attempts lost with the daemon's stop", attempts=len(lost))
+            self.executor.abandon(lost)
         for job in self.store.jobs(("staging_in", "staging_out")):
             verb = "stage_in" if job.state == "staging_in" else "stage_out"
             log.info("resuming", job_id=job.job_id, phase=verb)

@@ -2,8 +2,8 @@
 
 ``TransferExecutor.submit`` is ``concurrent.futures``-style: it returns a Future that resolves
 to the worker's ``Done`` manifest, or raises ``Cancelled`` (asked for with ``cancel``) or
-``TransferError``; a distributed executor with the same two methods (``submit``, ``cancel``)
-can replace it.
+``TransferError``; a distributed executor with the same methods (``submit``, ``cancel``,
+``abandon``, ``shutdown``) can replace it.
 
 A worker process drops to one user's uid, gid and groups for good, then runs that user's
 transfers one at a time. After a transfer it waits, idle, for the next one of the same
@@ -119,6 +119,10 @@ class TransferExecutor:
     def _done(self, _future: Future[Done]) -> None:
         with self._lock:
             self._submitted -= 1
+
+    def abandon(self, attempts: list[str]) -> None:
+        """Attempts a stopped daemon left running: nothing to do here, its workers ended
+        with it (they exit when the daemon goes away)."""
 
     def cancel(self, key: str) -> None:
         """Stop a transfer: SIGTERM (the worker removes its partial files), SIGKILL if needed."""

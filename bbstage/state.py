@@ -392,15 +392,16 @@ class Store:
                 (state, _text(node), nbytes, files, _text(error), time.time(), attempt),
             )
 
-    def lose_attempts(self) -> int:
-        """Mark the attempts still ``running`` (the daemon stopped under them) ``lost``; how
-        many there were."""
+    def lose_attempts(self) -> list[str]:
+        """Mark the attempts still ``running`` (the daemon stopped under them) ``lost``; their
+        ids."""
         with self._tx(None) as db:
-            cursor = db.execute(
+            ids = [r[0] for r in db.execute("SELECT id FROM attempts WHERE state = ?", (RUNNING,))]
+            db.execute(
                 "UPDATE attempts SET state = ?, ended = ? WHERE state = ?",
                 (LOST, time.time(), RUNNING),
             )
-        return cursor.rowcount
+        return ids
 
     def attempts(self, job_id: str) -> list[AttemptRow]:
         """The job's attempts, by directive, oldest first."""

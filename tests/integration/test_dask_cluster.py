@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import make_tree, tree_digests, wait_until
+from tests.helpers import make_tree, process_gone, tree_digests, wait_until
 from tests.s3env import S3Env, s3  # noqa: F401
 
 from .conftest import REPO, SLURM_VERSIONS, USER, Cluster, as_user, local_cluster_up
@@ -282,6 +282,31 @@ def test_a_scheduler_restart_mid_transfer_leaves_a_complete_verified_job(
         assert any("Dask task lost" in a["error"] for a in lost), d["attempts"]
     finally:
         movers("up", str(WORKERS))
+
+
+def test_a_daemon_killed_mid_transfer_leaves_a_complete_verified_job(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """SIGKILL of the daemon while the nodes copy: the scheduler releases its tasks, whose
+    copies stop (else they would race the next attempts); the restarted daemon records
+    them lost, resumes with new attempts, and deletes the events the old ones left on the
+    scheduler (``attempts_accounted``: none of the job's is left)."""
+    uid = int(cluster.run("id", "-u", USER).strip())
+
+    def daemon_dies() -> None:
+        orphans = set(copies(uid))
+        assert orphans, "no copy under way"
+        pid = cluster.daemon_pid()
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: process_gone(pid), 20, f"the killed daemon (pid {pid}) to end")
+        wait_until(lambda: not orphans & set(copies(uid)), 10, "the orphaned copies to stop")
+        subprocess.run(
+            [str(REPO / "scripts" / "local-cluster"), "restart-daemon", "--slurm", cluster.slurm],
+            check=True, stdout=subprocess.DEVNULL, timeout=300,
+        )  # fmt: skip
+
+    (d,) = staged_through_a_fault(cluster, workdir, daemon_dies)
+    assert any(a["state"] == "lost" for a in d["attempts"]), d["attempts"]
 
 
 def test_scancel_stops_the_remote_copy_within_2s(cluster: Cluster, workdir: Path) -> None:

@@ -382,3 +382,32 @@ def test_a_cancel_never_sets_the_event_of_an_attempt_already_released(
     executor._signal("24:0")
     executor._attempts.clear()
     cancel.set.assert_not_called()
+
+
+def test_attempts_of_a_killed_daemon_are_stopped_and_their_events_deleted_at_restart(
+    area: Path, executor: DaskExecutor, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restarted daemon's executor gets the ids of the attempts its state recorded
+    running (``abandon``): a copy still under way stops, and no event of them is left on
+    the scheduler (a killed daemon never deleted them)."""
+    from distributed import Event as DaskEvent
+
+    from bbstage import dask_executor
+
+    monkeypatch.setattr(dask_executor, "CANCEL_WAIT", 0.5)
+    big = sparse(area)
+    events: list[Any] = []
+    executor.submit(
+        "31:0", TransferSpec.between(str(big), str(area / "out")), NOBODY, events.append
+    )
+    wait_until(lambda: [e for e in events if isinstance(e, Moved)], 60, "the copy's progress")
+    running = executor._attempts["31:0"][0].id
+    left = "32:0.0123456789ab"  # an attempt that ended with the daemon: only its events remain
+    DaskEvent(remote.started_event(left), client=client).set()
+    assert dask_events(client, "32:0.")
+
+    restarted = DaskExecutor(config.Movers(engine="dask"), 4, client=client)
+    restarted.abandon([running, left])
+    wait_until(lambda: not children(NOBODY.uid), 3, "the abandoned copy to stop")
+    wait_until(lambda: not dask_events(client, "32:0."), 5, "the lost attempt's events gone")
+    wait_until(lambda: not dask_events(client, "31:0."), 5, "the stopped attempt's events gone")

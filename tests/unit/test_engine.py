@@ -35,6 +35,7 @@ class FakeExecutor:
         self.pending: list[Future[Done]] = []
         self.specs: list[TransferSpec] = []
         self.submitted: dict[str, Future[Done]] = {}  # the latest attempt, by "job:directive"
+        self.abandoned: list[str] = []  # attempts a restart handed over as lost
 
     def submit(
         self, key: str, spec: TransferSpec, identity: Any, on_event: Callable[[Event], None]
@@ -51,6 +52,9 @@ class FakeExecutor:
         else:
             self.pending.append(future)  # never finishes by itself
         return future
+
+    def abandon(self, attempts: list[str]) -> None:
+        self.abandoned += attempts
 
     def cancel(self, key: str) -> None:
         for future in self.pending:
@@ -360,7 +364,8 @@ def test_a_restart_marks_the_attempts_it_stopped_lost_and_resumes_with_a_new_one
     setup(engine, "16", "stage_in source=/a/ destination=/b/")
     outcomes(engine).append((Planned(10, 1), None))
     assert ask(engine, "data_in", job_id="16", wait=False) == ("ok", "")
-    restarted = Engine(engine.config, engine.store, NodesExecutor(engine.store))  # type: ignore[arg-type]
+    restarted_nodes = NodesExecutor(engine.store)
+    restarted = Engine(engine.config, engine.store, restarted_nodes)  # type: ignore[arg-type]
     outcomes(restarted).append((Planned(10, 1), Done(10, 1)))
 
     async def resume() -> None:
@@ -369,4 +374,6 @@ def test_a_restart_marks_the_attempts_it_stopped_lost_and_resumes_with_a_new_one
 
     asyncio.run(resume())
     assert [a.state for a in engine.store.attempts("16")] == ["lost", "done"]
+    # the executor is told which, to stop them and delete what they left on the scheduler
+    assert restarted_nodes.abandoned == [engine.store.attempts("16")[0].id]
     assert nodes.at_submit == [[(next(iter(nodes.tell)), "running")]]
