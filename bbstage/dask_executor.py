@@ -139,7 +139,7 @@ class DaskExecutor:
                 DaskEvent(remote.cancel_event(attempt), client=client).set()
             time.sleep(CANCEL_WAIT)
             for attempt in attempts:
-                for name in (remote.cancel_event(attempt), remote.started_event(attempt)):
+                for name in remote.events(attempt):
                     DaskEvent(name, client=client).clear()
         except Exception as exc:
             log.warning("could not stop the attempts of the daemon's last run",
@@ -422,7 +422,7 @@ class DaskExecutor:
             attempt.released = True
             if attempt.dask is None or self._client is None:  # never submitted
                 return
-            for name in (remote.cancel_event(attempt.id), remote.started_event(attempt.id)):
+            for name in remote.events(attempt.id):
                 try:
                     DaskEvent(name, client=self._client).clear()
                 except Exception as exc:  # the scheduler is gone, and its events with it

@@ -60,6 +60,12 @@ def started_event(attempt: str) -> str:
     return f"bbstage-started-{attempt}"
 
 
+def events(attempt: str) -> tuple[str, str]:
+    """Both ``distributed.Event`` names of the attempt (the daemon deletes them once it is
+    over)."""
+    return cancel_event(attempt), started_event(attempt)
+
+
 def to_json(event: Event) -> dict[str, Any]:
     """An event as a msgpack/JSON-able dict (``log_event`` and the child's pipe)."""
     return {"type": type(event).__name__, **vars(event)}
