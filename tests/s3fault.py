@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
@@ -358,7 +359,9 @@ class FaultProxy:
 
     ``slowdown``, ``drop`` and ``truncate`` are shares of requests in [0, 1]
     (their sum at most 1); ``seed`` makes the sequence of decisions repeatable;
-    ``methods`` limits faults to those HTTP methods (e.g. ``{"GET"}``). The
+    ``methods`` limits faults to those HTTP methods (e.g. ``{"GET"}``). ``script``
+    names, per method, the faults of its first requests in order (None: forwarded),
+    e.g. ``{"POST": ["drop_response", None]}``; the shares apply after. The
     attributes may be changed while the proxy runs. ``stats`` counts requests
     and injected faults.
     """
@@ -375,6 +378,7 @@ class FaultProxy:
         methods: Iterable[str] | None = None,
         upstream_timeout: float = 120.0,
         verbose: bool = False,
+        script: dict[str, Iterable[str | None]] | None = None,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname:
@@ -386,6 +390,9 @@ class FaultProxy:
         self.drop = drop
         self.truncate = truncate
         self.methods = {m.upper() for m in methods} if methods is not None else None
+        self._script = {m.upper(): deque(f) for m, f in (script or {}).items()}
+        if bad := {f for q in self._script.values() for f in q} - {None, *FAULTS}:
+            raise ValueError(f"unknown faults {sorted(bad)}: use {', '.join(FAULTS)}")
         self.upstream_timeout = upstream_timeout
         self.verbose = verbose
         self.stats = FaultStats()
@@ -455,6 +462,11 @@ class FaultProxy:
             self.stats.by_method[method] = self.stats.by_method.get(method, 0) + 1
             r = self._rng.random()
             mode = self._rng.random()
+            if self._script.get(method):
+                scripted = self._script[method].popleft()
+                if scripted is not None:
+                    setattr(self.stats, scripted, getattr(self.stats, scripted) + 1)
+                return scripted
             if self.methods is not None and method not in self.methods:
                 return None
             fault: str | None = None

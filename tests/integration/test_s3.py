@@ -4,6 +4,7 @@ on the local cluster that stage from and to RGW as bbuser1 with bbuser1's own cr
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from pathlib import Path
@@ -101,6 +102,32 @@ def test_slowdown_and_dropped_connections_are_retried(s3: S3Env, tmp_path: Path)
     assert proxy.stats.faults > 5
     assert tree_digests(dst) == tree_digests(src)
     assert s3.client(USER).list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_lost_replies_to_multipart_calls_leave_no_upload_behind(s3: S3Env, tmp_path: Path) -> None:
+    """A create whose reply is lost is retried and leaves an upload nobody knows the id of;
+    an abort whose reply is lost is retried and finds the upload gone. Neither may leave an
+    upload behind (each is stored, and billed, until aborted)."""
+    bucket = s3.create_bucket(owner=USER)
+    src = tmp_path / "big.dat"
+    src.write_bytes(os.urandom(10 << 20))
+    client = s3.client(USER)
+
+    # Two creates' replies lost, then the first abort's: both strays are still aborted.
+    lost = {"POST": ["drop_response"] * 2, "DELETE": ["drop_response"]}
+    with FaultProxy(s3.endpoint, script=lost) as proxy:
+        stage(s3, str(src), f"s3://{bucket}/ok.dat", endpoint=proxy.url, **SMALL)
+    assert proxy.stats.drop_response == 3
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    got = client.get_object(Bucket=bucket, Key="ok.dat")["Body"].read()
+    assert hashlib.sha256(got).digest() == hashlib.sha256(src.read_bytes()).digest()
+
+    # Every create's reply lost: the transfer fails, and the uploads it began are aborted.
+    with FaultProxy(s3.endpoint, script={"POST": ["drop_response"] * 99}) as proxy:
+        with pytest.raises(TransferError):
+            stage(s3, str(src), f"s3://{bucket}/lost.dat", endpoint=proxy.url, **SMALL)
+    assert proxy.stats.drop_response >= 3
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
 
 # -- through the real cluster: sbatch as bbuser1, the daemon's worker with bbuser1's ~/.aws ---

@@ -264,7 +264,11 @@ class S3Upload(_S3Mover):
             meta[checksum_key(self.checksum)] = digest
             hasher = checksum.new(self.checksum)
         asked = time.monotonic()
-        created = await s3.create_multipart_upload(Bucket=bucket, Key=key, Metadata=meta)
+        try:
+            created = await s3.create_multipart_upload(Bucket=bucket, Key=key, Metadata=meta)
+        except BaseException:
+            await self._abort_lost_creates(s3, bucket, key, None, asked, None)
+            raise
         upload_id = created["UploadId"]
         window = _create_window(created, time.monotonic() - asked)
         slots = self._part_slots
@@ -325,44 +329,68 @@ class S3Upload(_S3Mover):
                 Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
             )
         except BaseException:
-            abort = s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
             try:
-                await asyncio.shield(abort)
+                await asyncio.shield(self._abort(s3, bucket, key, upload_id))
             except BaseException:
                 pass  # the bucket's lifecycle rule cleans up what we could not abort
             raise
         finally:
-            await self._abort_lost_creates(s3, bucket, key, upload_id, window)
+            await self._abort_lost_creates(s3, bucket, key, upload_id, asked, window)
         if hasher is not None:
             if not str(done.get("ETag", "")).strip('"'):  # RGW answers Complete with <ETag/>
                 done = await self._head(bucket, key)
             whole = hashlib.md5(b"".join(md5s[n] for n in sorted(md5s))).hexdigest()
             await self._check_etag(s3, bucket, key, task, done, f"{whole}-{len(md5s)}")
 
+    async def _abort(self, s3: Any, bucket: str, key: str, upload_id: str) -> None:
+        """Abort an upload, retried. One already gone counts as aborted: a retried abort
+        whose first reply was lost finds it so."""
+        try:
+            await self._retry(
+                f"s3://{bucket}/{key}",
+                lambda: s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id),
+            )
+        except S3Error as exc:
+            if exc.code != "NoSuchUpload":
+                raise
+
     async def _abort_lost_creates(
-        self, s3: Any, bucket: str, key: str, ours: str, window: tuple[float, float] | None
+        self,
+        s3: Any,
+        bucket: str,
+        key: str,
+        ours: str | None,
+        asked: float,
+        window: tuple[float, float] | None,
     ) -> None:
         """A CreateMultipartUpload whose reply was lost is retried (by botocore), leaving
         an upload nobody knows the id of: abort this key's other uploads that the server
-        began while our create call was under way (``window``, in the server's clock).
-        Best effort (the bucket's lifecycle rule is the backstop)."""
+        began while our create call was under way (``window``, in the server's clock). A
+        create that failed (``ours`` None) has no reply to date it: then the window runs
+        from ``asked`` (monotonic) to the listing, dated by the listing's reply. Each abort
+        is tried on its own; best effort (the bucket's lifecycle rule is the backstop)."""
+        try:
+            page = await self._retry(
+                f"s3://{bucket}/{key}",
+                lambda: s3.list_multipart_uploads(Bucket=bucket, Prefix=key),
+            )
+        except Exception:
+            return
+        window = window or _create_window(page, time.monotonic() - asked)
         if window is None:
             return
-        try:
-            page = await s3.list_multipart_uploads(Bucket=bucket, Prefix=key)
-            for upload in page.get("Uploads", []):
-                initiated = upload.get("Initiated")
-                if (
-                    upload.get("Key") == key
-                    and upload.get("UploadId") != ours
-                    and initiated is not None
-                    and window[0] <= initiated.timestamp() <= window[1]
-                ):
-                    await s3.abort_multipart_upload(
-                        Bucket=bucket, Key=key, UploadId=upload["UploadId"]
-                    )
-        except Exception:
-            pass
+        for upload in page.get("Uploads", []):
+            initiated = upload.get("Initiated")
+            if (
+                upload.get("Key") == key
+                and upload.get("UploadId") != ours
+                and initiated is not None
+                and window[0] <= initiated.timestamp() <= window[1]
+            ):
+                try:
+                    await self._abort(s3, bucket, key, upload["UploadId"])
+                except Exception:
+                    pass
 
 
 def _create_window(reply: dict[str, Any], elapsed: float) -> tuple[float, float] | None:
