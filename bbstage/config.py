@@ -60,6 +60,7 @@ class Movers:
     tls_key: Path | None = None
     resources: str = "dtn"  # each task asks its workers for one unit of this resource
     shards: int = 0  # a tree is split into this many tasks (0: one per worker with it)
+    range_min: int = 1 << 30  # a file this big to a POSIX destination: split in ranges (0: never)
 
 
 def _count(value: Any) -> int:
@@ -76,7 +77,8 @@ def _movers(data: dict[str, Any], source: str) -> Movers:
         return Path(_text(value))
 
     keys = {"engine": _text, "scheduler": _text, "tls_ca_file": path, "tls_cert": path,
-            "tls_key": path, "resources": _text, "shards": _count}  # fmt: skip
+            "tls_key": path, "resources": _text, "shards": _count,
+            "range_min": parse_size}  # fmt: skip
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in keys:

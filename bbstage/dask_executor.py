@@ -219,9 +219,11 @@ class DaskExecutor:
             return self._client
 
     def _shards(self, client: Any, spec: TransferSpec) -> int:
-        """How many shards a transfer is split into: trees across the workers that have
-        the resource (or ``[movers] shards`` of them); a single file stays one task."""
-        if not spec.tree or spec.shard is not None:
+        """How many shards a transfer is split into: trees, and single files to a POSIX
+        destination (``[movers] range_min``: byte ranges), across the workers that have
+        the resource (or ``[movers] shards`` of them); a glob stays one task."""
+        ranged = self._movers.range_min and spec.destination_kind != "s3" and not spec.glob
+        if spec.shard is not None or not (spec.tree or ranged):
             return 1
         if self._movers.shards:
             return self._movers.shards
@@ -248,11 +250,14 @@ class DaskExecutor:
             attempts = [(_Attempt(key, base, on_event, future, on_event, whole), spec)]
         else:
             split = Split(count, on_event, future, lambda: self._signal(key, cancelled=False))
+            # One file's shares write one temporary file, named after their group.
+            group = "" if spec.tree else uuid.uuid4().hex[:8]
+            shards = [Shard(i, count, group, self._movers.range_min) for i in range(count)]
             attempts = [
                 (_Attempt(key, f"{base}/{i}", split.event(i), split.outcome(), on_event,
-                          Shard(i, count)),
-                 spec.but(shard=Shard(i, count)))
-                for i in range(count)
+                          shard),
+                 spec.but(shard=shard))
+                for i, shard in enumerate(shards)
             ]  # fmt: skip
         with self._lock:
             self._attempts.setdefault(key, []).extend(a for a, _ in attempts)

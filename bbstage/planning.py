@@ -177,7 +177,8 @@ class Walk:
 def remove_stale_temps(tasks: Iterable[FileTask], job_id: str, shard: Shard | None = None) -> int:
     """Remove the temporary files an earlier, killed attempt of this job left in the
     local destination directories of ``tasks`` (as the user); how many were removed.
-    With ``shard``, only those of its files (other shards may be copying beside it).
+    With ``shard``, only those of its files (other shards may be copying beside it); with a
+    one-file ``shard`` (``group`` set), all but those of its group (its siblings' file).
     Each directory is read once per run of its entries (a walk keeps a directory's
     entries together), so nothing grows with the number of files."""
     pattern, removed, last = localfs.temp_pattern(job_id), 0, None
@@ -192,10 +193,19 @@ def remove_stale_temps(tasks: Iterable[FileTask], job_id: str, shard: Shard | No
             continue
         for name in names:
             path = os.path.join(parent, name)
-            if pattern.match(name) and (shard is None or in_shard(localfs.temp_owner(path), shard)):
+            if pattern.match(name) and _stale(path, shard):
                 try:
                     os.unlink(path)
                     removed += 1
                 except OSError:
                     pass
     return removed
+
+
+def _stale(path: str, shard: Shard | None) -> bool:
+    """Is this job's temporary file ``path`` one ``shard``'s sweep removes?"""
+    if shard is None:
+        return True
+    if shard.group:
+        return f"-{shard.group}." not in os.path.basename(path)
+    return in_shard(localfs.temp_owner(path), shard)

@@ -30,12 +30,18 @@ class ScratchLimit:
 
 @dataclass(frozen=True)
 class Shard:
-    """Share ``index`` of ``count`` of a tree: the files whose destination path hashes to
-    ``index`` (``bbstage.planning.in_shard``). Every share walks the whole tree and makes its
-    directories; shares copy disjoint files, so they run on different nodes at once."""
+    """Share ``index`` of ``count`` of a transfer; shares run on different nodes at once.
+
+    Of a tree: the files whose destination path hashes to ``index``
+    (``bbstage.planning.in_shard``); every share walks the whole tree and makes its
+    directories. Of one file (``group`` set): its byte range ``index`` (``bbstage.ranges``),
+    written into one temporary file that the submission's shares (``group``: its id, 8 hex
+    digits) share; a file under ``min_size`` bytes is copied whole by share 0 alone."""
 
     index: int
     count: int
+    group: str = ""
+    min_size: int = 0
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from bbstage import movers, planning
+from bbstage import movers, planning, ranges
 from bbstage.identity import Identity
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, localfs
 from bbstage.transfer import (
@@ -29,6 +29,7 @@ from bbstage.transfer import (
     Event,
     Failed,
     Moved,
+    Planned,
     TempFile,
     TempsSettled,
     TransferSpec,
@@ -83,6 +84,14 @@ class Reporter:
                 if len(self._settled) >= SETTLE_BATCH:
                     self._send_settled()
             self._maybe_report()
+
+    def range_done(self, task: FileTask, nbytes: int, files: int) -> None:
+        """A share's byte range of ``task``'s file is written (``bbstage.ranges``): its
+        bytes, and the file itself for share 0 (so the shares' manifests add up to one
+        file). Its temporary files are no longer this share's: its siblings' or renamed."""
+        with self._lock:
+            self.committed = Done(self.committed.bytes + nbytes, self.committed.files + files)
+            self._settled += self._temps.pop(task.dst, [])
 
     def temp(self, path: str) -> None:
         """Tell the executor of a temporary file before the mover creates it."""
@@ -199,6 +208,8 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
         tasks = _plan(mover, spec, cancel)
         again = isinstance(tasks, Sequence)  # a list is read again; a walk is started anew
         budget = None
+        if spec.shard is not None and spec.shard.group:
+            return _copy_share(mover, list(tasks), spec, reporter, cancel)
         # First passes, before anything is copied; they keep counts, never the plan.
         if spec.resumed:
             planning.remove_stale_temps(tasks, spec.job_id, spec.shard)
@@ -213,6 +224,40 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
         )
     finally:
         mover.close()
+
+
+def _copy_share(
+    mover: Mover,
+    plan: list[FileTask],
+    spec: TransferSpec,
+    reporter: Reporter,
+    cancel: threading.Event,
+) -> None:
+    """Share ``spec.shard`` of a one-file transfer: its byte range of a file of at least
+    ``min_size`` bytes (``bbstage.ranges``); anything else (a smaller file, a link, a file
+    already in place, a transfer with ``checksum=``) share 0 copies whole, alone."""
+    shard = spec.shard
+    assert shard is not None
+    if spec.resumed:
+        planning.remove_stale_temps(plan, spec.job_id, shard)
+    if spec.scratch_limit is not None:
+        planning.check_capacity(planning.select(mover, plan, spec.overwrite), spec.scratch_limit)
+    chosen = list(planning.select(mover, plan, spec.overwrite))
+    task = chosen[0] if len(chosen) == 1 else None
+    if task is None or task.kind != "file" or task.size < shard.min_size or spec.checksum != "none":
+        if shard.index == 0:
+            return _copy_all(mover, chosen, reporter, cancel)
+        reporter.send(Planned(0, 0))
+        return
+    offset, count = ranges.span(shard, task.size)
+    files = 1 if shard.index == 0 else 0
+    reporter.send(Planned(count, files))
+
+    def copy(fd: int, start: int, n: int) -> None:
+        _with_retries(lambda: mover.copy_range(task, fd, start, n, reporter, cancel), cancel)
+
+    ranges.write_range(task, spec.job_id, shard, copy, reporter.temp)
+    reporter.range_done(task, count, files)
 
 
 def _plan(mover: Mover, spec: TransferSpec, cancel: threading.Event) -> Iterable[FileTask]:

@@ -132,6 +132,20 @@ class Mover(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
+    def copy_range(
+        self,
+        task: FileTask,
+        fd: int,
+        offset: int,
+        count: int,
+        progress: Progress,
+        cancel: threading.Event,
+    ) -> None:
+        """Write the ``count`` bytes at ``offset`` of ``task``'s source at the same offset of
+        ``fd`` (one file written by several nodes: ``bbstage.ranges``), all of them or raise.
+        Optional: movers to a local destination implement it."""
+        raise TransferError(f"{type(self).__name__} does not copy byte ranges")
+
     def copy_many(
         self,
         tasks: list[FileTask],

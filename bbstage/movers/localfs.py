@@ -136,17 +136,23 @@ def make_link(task: FileTask, job_id: str) -> None:
         raise os_error(exc, task.dst) from None
 
 
-def temp_name(dst: str, job_id: str) -> str:
+def temp_name(dst: str, job_id: str, group: str = "", suffix: str = "") -> str:
+    """A temporary name beside ``dst``: ``.NAME.bbstage-JOB-GROUP[SUFFIX].part``, ``GROUP``
+    8 hex digits (random unless given: ``bbstage.ranges`` shares one, with ``.rIofN``
+    suffixes for its markers)."""
     head, tail = os.path.split(dst)
-    return os.path.join(head, f".{tail}.bbstage-{job_id}-{uuid.uuid4().hex[:8]}.part")
+    group = group or uuid.uuid4().hex[:8]
+    return os.path.join(head, f".{tail}.bbstage-{job_id}-{group}{suffix}.part")
 
 
 def temp_pattern(job_id: str) -> re.Pattern[str]:
     """The names ``temp_name`` gives this job's temporary files, any attempt's."""
-    return re.compile(rf"\..+\.bbstage-{re.escape(job_id)}-[0-9a-f]{{8}}\.part\Z", re.DOTALL)
+    return re.compile(
+        rf"\..+\.bbstage-{re.escape(job_id)}-[0-9a-f]{{8}}(\.r[0-9]+of[0-9]+)?\.part\Z", re.DOTALL
+    )
 
 
-_TEMP_NAME = re.compile(r"\.(.+)\.bbstage-.*-[0-9a-f]{8}\.part\Z", re.DOTALL)
+_TEMP_NAME = re.compile(r"\.(.+)\.bbstage-.*-[0-9a-f]{8}(?:\.r[0-9]+of[0-9]+)?\.part\Z", re.DOTALL)
 
 
 def temp_owner(path: str) -> str:

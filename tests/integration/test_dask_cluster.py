@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import make_tree, process_gone, tree_digests, wait_until
+from tests.helpers import file_digest, make_tree, process_gone, tree_digests, wait_until
 from tests.s3env import S3Env, s3  # noqa: F401
 
 from .conftest import REPO, SLURM_VERSIONS, USER, Cluster, as_user, local_cluster_up
@@ -243,27 +243,82 @@ def staged_through_a_fault(cluster: Cluster, workdir: Path, fault: Any) -> list[
     return attempts_accounted(cluster, job)
 
 
+def node_dies(cluster: Cluster) -> None:
+    """Worker 1 and its copies SIGKILLed at once, as when a node loses power: no process
+    is left to remove the copy's temporary files (a copy whose worker alone dies removes
+    its own: its pipe breaks)."""
+    run = Path(cluster.env["BBSTAGE_MOVERS_DIR"]) / "run"
+    uid = int(cluster.run("id", "-u", USER).strip())
+    worker = int((run / "worker-1.pid").read_text().split()[0])
+    on_node = [p for p in copies(uid) if net_namespace(p) == net_namespace(worker)]
+    assert on_node, "no copy under way on worker 1"
+    kill_group(run / "worker-1.pid")
+    for pid in on_node:
+        os.kill(pid, signal.SIGKILL)
+
+
 def test_a_node_that_dies_mid_transfer_leaves_a_complete_verified_job(
     cluster: Cluster, workdir: Path
 ) -> None:
-    """Worker 1 and its copies SIGKILLed at once, as when a node loses power: no process
-    is left to remove the copy's temporary file (a copy whose worker alone dies removes
-    its own: its pipe breaks). Dask reruns the shard on worker 2, which sweeps it."""
-    run = Path(cluster.env["BBSTAGE_MOVERS_DIR"]) / "run"
-    uid = int(cluster.run("id", "-u", USER).strip())
-
-    def node_dies() -> None:
-        worker = int((run / "worker-1.pid").read_text().split()[0])
-        on_node = [p for p in copies(uid) if net_namespace(p) == net_namespace(worker)]
-        assert on_node, "no copy under way on worker 1"
-        kill_group(run / "worker-1.pid")
-        for pid in on_node:
-            os.kill(pid, signal.SIGKILL)
-
+    """Dask reruns the dead node's shard on worker 2, which sweeps its temporary files."""
     try:
-        staged_through_a_fault(cluster, workdir, node_dies)
+        staged_through_a_fault(cluster, workdir, lambda: node_dies(cluster))
     finally:
         movers("up", str(WORKERS))  # the node comes back
+
+
+def sparse_file(path: Path, size: int) -> None:
+    """``size`` bytes, random at the start, the middle and the end, holes between (the
+    nodes share the file system: holes keep a big source cheap to make)."""
+    with open(path, "wb") as f:
+        for offset in (0, size // 2 - 2048, size - 4096):
+            f.seek(offset)
+            f.write(os.urandom(4096))
+
+
+def test_a_big_file_is_split_across_the_nodes_in_byte_ranges(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """A file of at least ``[movers] range_min`` (1 GiB) to a POSIX destination: each node
+    writes its share of the bytes into one temporary file, the last puts it in place."""
+    src = workdir / "big.dat"
+    sparse_file(src, (1 << 30) + 4097)
+    inside, back = workdir / "in" / "big.dat", workdir / "back.dat"
+    inside.parent.mkdir()
+    job = staged_in_and_out(cluster, workdir, str(src), str(inside), str(back))
+    want = file_digest(src)
+    assert file_digest(inside) == want and file_digest(back) == want
+    assert (workdir / "count.txt").read_text().split() == ["1"]
+    for d in attempts_accounted(cluster, job):
+        done = [a for a in d["attempts"] if a["state"] == "done"]
+        assert sorted(a["shard"] for a in done) == list(range(WORKERS)), done
+        assert (d["files_total"], d["bytes_total"]) == (1, (1 << 30) + 4097), d
+    assert not parts(workdir), parts(workdir)
+
+
+def test_a_node_that_dies_mid_range_leaves_a_complete_verified_file(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """Dask reruns the dead node's range on worker 2: it writes the range again into the
+    same temporary file (never truncated), and the file is put in place whole."""
+    src = workdir / "big.dat"
+    sparse_file(src, 4 << 30)
+    dst = workdir / "in" / "big.dat"
+    dst.parent.mkdir()
+    as_user(workdir)
+    job = cluster.submit(
+        workdir, f"#!/bin/bash\n#BB_LUA stage_in source={src} destination={dst}\ntrue\n"
+    )
+    try:
+        wait_until(lambda: parts(dst.parent), 120, "the ranges under way")
+        node_dies(cluster)
+        cluster.wait_gone(job, timeout=400)
+    finally:
+        movers("up", str(WORKERS))  # the node comes back
+    assert cluster.job(job)["JobState"] == "COMPLETED", cluster.status(job)
+    assert file_digest(dst) == file_digest(src)
+    assert not parts(dst.parent), parts(dst.parent)
+    attempts_accounted(cluster, job)
 
 
 def test_a_scheduler_restart_mid_transfer_leaves_a_complete_verified_job(

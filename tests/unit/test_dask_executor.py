@@ -282,6 +282,26 @@ def test_a_tree_split_into_shards_is_staged_whole_with_one_summed_plan(
     assert tree_digests(area / "dst") == tree_digests(src)
 
 
+def test_a_big_file_is_split_into_byte_ranges_one_attempt_each(area: Path, client: Any) -> None:
+    ex = DaskExecutor(config.Movers(engine="dask", shards=3, range_min=1 << 20), 4, client=client)
+    src = area / "big"
+    src.write_bytes(os.urandom((4 << 20) + 3))
+    src.chmod(0o644)
+    updates: list[AttemptUpdate] = []
+    future = ex.submit(
+        "21:0",
+        TransferSpec.between(str(src), str(area / "out")),
+        NOBODY,
+        lambda e: updates.append(e) if isinstance(e, AttemptUpdate) else None,
+    )
+    assert future.result(timeout=120) == Done((4 << 20) + 3, 1)
+    assert (area / "out").read_bytes() == src.read_bytes()
+    ends = {u.shard: u for u in updates if u.state == "done"}
+    assert sorted(ends) == [0, 1, 2] and all(u.shards == 3 for u in ends.values())
+    assert sum(u.bytes for u in ends.values()) == (4 << 20) + 3
+    assert sorted(p.name for p in area.iterdir()) == ["big", "out"]
+
+
 def test_a_failed_shard_fails_the_transfer_with_its_own_error(
     area: Path, split: DaskExecutor
 ) -> None:

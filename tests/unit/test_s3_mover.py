@@ -21,7 +21,7 @@ from bbstage import worker
 from bbstage.movers import FileTask, MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
 from bbstage.movers.implementations.s3.download import _safe_rel
-from bbstage.transfer import Planned, TransferSpec
+from bbstage.transfer import Done, Planned, Shard, TransferSpec
 from tests.helpers import Conn, file_digest, run_worker
 
 CREDS = {"key": "testing", "secret": "testing"}
@@ -472,3 +472,26 @@ def test_timestamps_parse_as_botocore_parses_them(value: str) -> None:
     options = MoverOptions(job_id="t", extra={"s3": {"endpoint_url": "http://127.0.0.1:9"}})
     factory = s3m.S3Download(options)._filesystem().session.get_component("response_parser_factory")
     assert factory._defaults["timestamp_parser"] is parse_timestamp
+
+
+def test_an_objects_ranges_by_several_shares_make_the_file(
+    tmp_path: Path, endpoint: str, client: Any, bucket: str
+) -> None:
+    """One object split across nodes (``Shard`` with a group): each share GETs its byte
+    range into the shared temporary file; the last one puts the file in place."""
+    data = os.urandom((12 << 20) + 5)
+    client.put_object(Bucket=bucket, Key="big", Body=data)
+    dst = tmp_path / "big"
+    spec = TransferSpec.between(
+        f"s3://{bucket}/big", str(dst), job_id="7", extra=extra(endpoint, part_size="5M")
+    )
+    manifests = []
+    for i in (1, 2, 0):
+        conn = Conn()
+        share = spec.but(shard=Shard(i, 3, "0000abcd", 1 << 20))
+        worker.transfer(share, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
+        manifests.append(conn.events[-1])
+    assert all(isinstance(d, Done) for d in manifests), manifests
+    assert sum(d.bytes for d in manifests) == len(data) and sum(d.files for d in manifests) == 1
+    assert dst.read_bytes() == data
+    assert os.listdir(tmp_path) == ["big"]

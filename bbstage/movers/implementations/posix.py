@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from bbstage.movers import localfs
-from bbstage.movers.base import Cancelled, FileTask, Mover, Progress, os_error
+from bbstage.movers.base import Cancelled, FileTask, Mover, Progress, TransferError, os_error
 from bbstage.movers.checksum import verify
 
 _STEP = 16 << 20  # bytes per copy_file_range call, and per progress report
@@ -68,6 +68,25 @@ class PosixMover(Mover):
                 self._copy_data(src, dst, task.size, progress, cancel)
                 if self.options.checksum != "none":
                     verify(self.options.checksum, task.src, dst)
+        finally:
+            os.close(src)
+
+    def copy_range(
+        self,
+        task: FileTask,
+        fd: int,
+        offset: int,
+        count: int,
+        progress: Progress,
+        cancel: threading.Event,
+    ) -> None:
+        try:
+            src = os.open(task.src, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise os_error(exc, task.src) from None
+        try:
+            if _copy_range(src, fd, offset, count, progress, cancel) < count:
+                raise TransferError(f"{task.src} shrank while staging", permanent=False)
         finally:
             os.close(src)
 
@@ -130,7 +149,8 @@ def _copy_stream(
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                 raise
-            return _copy_range(src, dst, done, size - done, progress, cancel)
+            _copy_range(src, dst, done, size - done, progress, cancel)
+            return
         if n == 0:  # source shrank under us
             return
         done += n
@@ -139,8 +159,10 @@ def _copy_stream(
 
 def _copy_range(
     src: int, dst: int, offset: int, count: int, progress: Progress, cancel: threading.Event
-) -> None:
-    """Copy ``count`` bytes at ``offset`` in the kernel, falling back to pread/pwrite."""
+) -> int:
+    """Copy ``count`` bytes at ``offset`` in the kernel, falling back to pread/pwrite; the
+    bytes copied (fewer if the source ends sooner)."""
+    start = offset
     end = offset + count
     while offset < end:
         if cancel.is_set():
@@ -156,3 +178,4 @@ def _copy_range(
             break
         offset += n
         progress.add(n)
+    return offset - start

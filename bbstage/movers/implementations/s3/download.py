@@ -7,6 +7,7 @@ import contextlib
 import os
 import posixpath
 import re
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -166,7 +167,8 @@ class S3Download(_S3Mover):
                 if self.fast is not None and not self.checksum and task.size <= FAST_MAX:
                     await self._get_fast(task, fd, counted)
                 elif task.size >= self.settings.multipart_threshold and parts > 1:
-                    await self._get_ranged(task, fd, counted, seen)
+                    os.ftruncate(fd, task.size)
+                    await self._get_ranged(task, fd, 0, task.size, counted, seen)
                 else:
                     await self._get_range(task, fd, 0, task.size, counted, seen, whole=True)
                 if self.checksum:
@@ -227,21 +229,41 @@ class S3Download(_S3Mover):
                 permanent=False,
             )
 
-    async def _get_ranged(
-        self, task: FileTask, fd: int, progress: _Counted, seen: dict[str, Any]
+    def copy_range(
+        self,
+        task: FileTask,
+        fd: int,
+        offset: int,
+        count: int,
+        progress: Progress,
+        cancel: threading.Event,
     ) -> None:
-        step = self.settings.part_size
-        os.ftruncate(fd, task.size)
+        counted = _Counted(progress)
+        try:
+            self._run(lambda: self._get_ranged(task, fd, offset, count, counted, {}), cancel)
+        except BaseException:
+            counted.undo()
+            raise
+
+    async def _get_ranged(
+        self,
+        task: FileTask,
+        fd: int,
+        offset: int,
+        count: int,
+        progress: _Counted,
+        seen: dict[str, Any],
+    ) -> None:
+        """The ``count`` bytes at ``offset``, in ``part_size`` parts, at most
+        ``download_concurrency`` at once."""
+        step, end = self.settings.part_size, offset + count
         slots = asyncio.Semaphore(self.settings.download_concurrency)
 
-        async def part(offset: int) -> None:
+        async def part(start: int) -> None:
             async with slots:
-                n = min(step, task.size - offset)
-                await self._get_range(task, fd, offset, n, progress, seen)
+                await self._get_range(task, fd, start, min(step, end - start), progress, seen)
 
-        await _first_failure(
-            [asyncio.ensure_future(part(off)) for off in range(0, task.size, step)]
-        )
+        await _first_failure([asyncio.ensure_future(part(p)) for p in range(offset, end, step)])
 
     async def _get_range(
         self,
