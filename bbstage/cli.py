@@ -181,6 +181,12 @@ def parser() -> argparse.ArgumentParser:
         help="with an s3:// side: also time these peers where installed (s5cmd,rclone)",
     )
     s.add_argument("--as-user", metavar="USER", help="(root) run everything as USER")
+    s.add_argument(
+        "--engine",
+        default="local",
+        choices=["local", "dask"],
+        help="dask: our copy runs on the [movers] Dask cluster's nodes as --as-user USER",
+    )
     s.add_argument("--keep", action="store_true", help="keep the generated data")
     s.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     s.add_argument("--plot", metavar="FILE.png", help="throughput over time (matplotlib)")

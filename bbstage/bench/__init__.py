@@ -26,7 +26,7 @@ from bbstage.bench.baselines import run_order
 from bbstage.bench.model import BenchError, Options, Plan, plan_sizes
 from bbstage.bench.output import human, plot, render, require_matplotlib
 from bbstage.bench.results import environment, percentiles
-from bbstage.bench.run import bench, bench_as
+from bbstage.bench.run import bench, bench_as, bench_dask
 from bbstage.config import ConfigError, load
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "Plan",
     "bench",
     "bench_as",
+    "bench_dask",
     "environment",
     "human",
     "main",
@@ -70,7 +71,11 @@ def main(args: argparse.Namespace) -> int:
             config=cfg,
             progress=sys.stderr.isatty() and not args.quiet,
         )
-        result: dict[str, Any] = bench_as(opts, args.as_user) if args.as_user else bench(opts)
+        result: dict[str, Any]
+        if args.engine == "dask":
+            result = bench_dask(opts, args.as_user)
+        else:
+            result = bench_as(opts, args.as_user) if args.as_user else bench(opts)
         if args.json:
             print(json.dumps(result, indent=2))
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from bbstage.config import Config
 from bbstage.units import parse_size
@@ -79,6 +80,10 @@ class Options:
     profile: str | None = None
     config: Config = field(default_factory=Config)
     progress: bool = True
+    # ``--engine dask``: runs our transfer on the transfer nodes (``bbstage.bench.transfer``
+    # ``Runner``; None: in this process), as ``owner`` (uid, gid), who gets the data set.
+    runner: Any = None
+    owner: tuple[int, int] | None = None
 
 
 @dataclass

@@ -17,8 +17,10 @@ def render(result: dict[str, Any]) -> None:
     table = Table(title=title)
     for col in ("", "MB/s", "files/s", "seconds", "ours ×"):
         table.add_column(col, justify="right" if col else "left")
+    engine = result.get("engine")
+    label = f"bbstage on {len(engine['nodes'])} Dask node(s)" if engine else "bbstage"
     table.add_row(
-        "bbstage",
+        label,
         f"{result['mb_per_s']:.1f}",
         f"{result['files_per_s']:.0f}",
         f"{result['seconds']:.3f}",
@@ -34,6 +36,8 @@ def render(result: dict[str, Any]) -> None:
         )
     console = Console()
     console.print(table)
+    if engine:
+        console.print(f"Dask nodes: {', '.join(engine['nodes'])} ({engine['scheduler']})")
     lat = result["latency_ms"]
     if lat:
         console.print(

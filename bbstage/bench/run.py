@@ -3,6 +3,7 @@ the daemon's workers do (so the user's permissions and quotas apply)."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import pwd
@@ -13,6 +14,7 @@ from bbstage import movers, worker
 from bbstage.bench.model import BenchError, Location, Options
 from bbstage.bench.posix import bench_posix
 from bbstage.bench.s3 import bench_s3
+from bbstage.bench.transfer import DaskRunner
 from bbstage.identity import Identity
 
 
@@ -46,6 +48,37 @@ def bench_as(opts: Options, user: str) -> dict[str, Any]:
     if outcome[0] == "error":
         raise BenchError(outcome[1])
     return outcome[1]
+
+
+def bench_dask(opts: Options, user: str | None, client: Any = None) -> dict[str, Any]:
+    """:func:`bench` with our transfer run on the configured Dask cluster, as the daemon
+    runs a job's (``[movers]``: scheduler and certificates), the nodes copying as ``user``;
+    the baselines copy on this host. Root (the client certificate is root's), POSIX only
+    (the data set is made here and given to ``user``). ``client``: tests."""
+    if not user:
+        raise BenchError("--engine dask needs --as-user USER: the nodes copy as that user")
+    if os.geteuid() != 0:
+        raise BenchError("--engine dask needs root (the Dask client certificate is root's)")
+    movers_conf = opts.config.movers
+    if client is None and not (movers_conf.scheduler and movers_conf.tls_cert):
+        raise BenchError(
+            "--engine dask: no Dask cluster in the configuration: set [movers] scheduler,"
+            " tls_ca_file, tls_cert and tls_key (docs/scale-out.md)"
+        )
+    if Location(opts.source).kind == "s3" or Location(opts.destination).kind == "s3":
+        raise BenchError("--engine dask: give two directories (S3 is not measured this way yet)")
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise BenchError(f"--as-user {user}: no such user") from None
+    runner = DaskRunner(movers_conf, Identity.of(pw.pw_uid, pw.pw_gid), client)
+    try:
+        out = bench(dataclasses.replace(opts, runner=runner, owner=(pw.pw_uid, pw.pw_gid)))
+    finally:
+        runner.close()
+    out["engine"] = {"name": "dask", "scheduler": movers_conf.scheduler,
+                     "nodes": sorted(runner.nodes)}  # fmt: skip
+    return out
 
 
 def _child(conn: Connection, opts: Options, identity: Identity) -> None:

@@ -6,15 +6,18 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from bbstage import worker
 from bbstage.bench.model import BenchError, Plan, Run
-from bbstage.config import Config
+from bbstage.config import Config, Movers
+from bbstage.identity import Identity
 from bbstage.movers import FileTask
 from bbstage.movers.implementations import s3 as s3mover
-from bbstage.transfer import Planned, TransferSpec
+from bbstage.transfer import AttemptUpdate, Done, Moved, Planned, TransferSpec
 
 SAMPLE_EVERY = 0.1  # seconds between throughput samples
 
@@ -45,6 +48,11 @@ class BenchReporter:
 
     def temp(self, path: str) -> None:
         self.temps.append(path)
+
+    def moved(self, event: Moved | Done) -> None:
+        """Counts so far from a remote transfer (its events carry totals, not steps)."""
+        with self._lock:
+            self.bytes, self.files = event.bytes, event.files
 
     def flush(self) -> None:
         pass
@@ -79,14 +87,59 @@ def make_spec(
     )
 
 
-def run_transfer(spec: TransferSpec, expect: Plan, show: Callable[..., Any] | None) -> Run:
-    """Run ``worker.run(spec)`` in a thread, sampling progress every SAMPLE_EVERY seconds."""
+class DaskRunner:
+    """Our transfer submitted to the configured Dask cluster (``bbstage bench --engine
+    dask``) as ``owner``, through the executor the daemon uses: the nodes copy, split
+    into shards or ranges as a job's transfer is. ``nodes``: where attempts ran."""
+
+    def __init__(self, movers: Movers, owner: Identity, client: Any = None) -> None:
+        from bbstage.dask_executor import DaskExecutor
+
+        self._executor = DaskExecutor(movers, client=client)
+        self._owner, self._own_client = owner, client is None
+        self.nodes: set[str] = set()
+
+    def __call__(
+        self, spec: TransferSpec, reporter: BenchReporter, cancel: threading.Event
+    ) -> None:
+        key = f"{spec.job_id}:{uuid.uuid4().hex[:8]}"
+
+        def on_event(event: Any) -> None:
+            if isinstance(event, AttemptUpdate):
+                if event.node:
+                    self.nodes.add(event.node)
+            elif isinstance(event, Moved):
+                reporter.moved(event)
+            else:
+                reporter.send(event)
+
+        future = self._executor.submit(key, spec, self._owner, on_event)
+        while True:
+            try:
+                done = future.result(timeout=SAMPLE_EVERY)
+                break
+            except FutureTimeout:
+                if cancel.is_set():
+                    self._executor.cancel(key)
+        reporter.moved(done)
+
+    def close(self) -> None:
+        """Disconnect (a client given by the caller stays open)."""
+        if self._own_client:
+            self._executor.shutdown()
+
+
+def run_transfer(
+    spec: TransferSpec, expect: Plan, show: Callable[..., Any] | None, runner: Any = None
+) -> Run:
+    """Run ``worker.run(spec)`` in a thread (or ``runner``, e.g. a ``DaskRunner``),
+    sampling progress every SAMPLE_EVERY seconds."""
     reporter, cancel = BenchReporter(), threading.Event()
     failure: list[BaseException] = []
 
     def target() -> None:
         try:
-            worker.run(spec, reporter, cancel)
+            (runner or worker.run)(spec, reporter, cancel)
         except BaseException as exc:  # reported below, in the caller's thread
             failure.append(exc)
 

@@ -364,6 +364,27 @@ def test_a_daemon_killed_mid_transfer_leaves_a_complete_verified_job(
     assert any(a["state"] == "lost" for a in d["attempts"]), d["attempts"]
 
 
+def test_bench_with_the_dask_engine_measures_the_nodes(cluster: Cluster, workdir: Path) -> None:
+    """``bbstage bench --engine dask`` (root, the daemon's [movers] configuration): the
+    data set is the user's, every node copies a shard of it, cp -r runs here for reference."""
+    for side in ("s", "d"):
+        (workdir / side).mkdir()
+    as_user(workdir)
+    proc = cluster.bbstage(
+        "bench", "--engine", "dask", "--as-user", USER,
+        "--source", str(workdir / "s"), "--destination", str(workdir / "d"),
+        "--files", "60", "--file-size", "256K", "--json", "--quiet",
+        user=None,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out["engine"]["nodes"]) == DTNS, out["engine"]
+    assert (out["files"], out["total_bytes"]) == (60, 60 * (256 << 10))
+    assert out["mb_per_s"] > 0 and "cp" in out["baselines"]
+    print(f"bench --engine dask: {out['mb_per_s']:.1f} MB/s on {sorted(DTNS)};"
+          f" cp -r here {out['baselines']['cp']['mb_per_s']:.1f} MB/s")  # fmt: skip
+
+
 def test_scancel_stops_the_remote_copy_within_2s(cluster: Cluster, workdir: Path) -> None:
     big = workdir / "big"
     with open(big, "wb") as f:

@@ -4,6 +4,7 @@ user, the plan precedes the outcome, an unknown uid is refused, a cancel kills t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -431,3 +432,33 @@ def test_attempts_of_a_killed_daemon_are_stopped_and_their_events_deleted_at_res
     wait_until(lambda: not children(NOBODY.uid), 3, "the abandoned copy to stop")
     wait_until(lambda: not dask_events(client, "32:0."), 5, "the lost attempt's events gone")
     wait_until(lambda: not dask_events(client, "31:0."), 5, "the stopped attempt's events gone")
+
+
+def test_bench_with_the_dask_engine_copies_on_the_nodes_as_the_user(
+    area: Path, client: Any
+) -> None:
+    """``bbstage bench --engine dask``: the data set is the user's, the nodes copy it (as
+    the user: the remote child refuses root) through the executor the daemon uses, split
+    in shards; the counts add up."""
+    from bbstage.bench import BenchError, Options, bench_dask, plan_sizes
+
+    for side in ("s", "d"):
+        (area / side).mkdir()
+    conf = config.Config(movers=config.Movers(engine="dask", shards=2))
+    opts = Options(
+        source=str(area / "s"),
+        destination=str(area / "d"),
+        plan=plan_sizes(40, "64K", None),
+        baselines=False,
+        config=conf,
+        progress=False,
+    )
+    out = bench_dask(opts, "nobody", client=client)
+    assert (out["files"], out["total_bytes"]) == (40, 40 * (64 << 10))
+    assert out["files_per_s"] > 0 and out["engine"]["nodes"]
+    assert not os.listdir(area / "s") and not os.listdir(area / "d")  # cleaned up
+    bench_dask(dataclasses.replace(opts, keep=True), "nobody", client=client)
+    made = [p for p in (area / "s").rglob("*") if p.is_file()]
+    assert len(made) == 40 and {p.stat().st_uid for p in made} == {NOBODY.uid}
+    with pytest.raises(BenchError, match="needs --as-user"):
+        bench_dask(opts, None, client=client)
