@@ -11,6 +11,8 @@ into one shard per worker; each shard's copy runs in a child process as the user
 * **posix**: a 2 GiB tree (256 × 8 MiB) → POSIX on the same file system. The namespaces
   share the machine's disk: no link is in this path, so its figure shows the local limit,
   not the nodes' NICs.
+* **big**: one 1 GiB object → POSIX: split into byte ranges, one per node
+  (``[movers] range_min``, 1 GiB by default), each node GETs its range through its link.
 
 The local executor (worker processes on the daemon's host, no cap) runs the same
 transfers as the reference and the uncapped limit. The page cache is dropped before every
@@ -22,7 +24,7 @@ Each run adds its cap's figures (keyed by ``--rate``) to benchmarks/results/scal
 then regenerates docs/performance.md unless --no-doc.
 
 Usage: python3 benchmarks/bench_scaleout.py [--nodes 1,2,4] [--rate 40] [--rounds 2]
-       [--cases s3,posix] [--dir /var/tmp/bbstage-scaleout] [--no-doc]   (as root)
+       [--cases s3,posix,big] [--dir /var/tmp/bbstage-scaleout] [--no-doc]   (as root)
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ USER = "bbuser1"
 BUCKET = "bbstage-scaleout"
 OBJECTS, OBJECT_SIZE = 2000, 1 << 20
 FILES, FILE_SIZE = 256, 8 << 20
+BIG_KEY, BIG_SIZE = "big/one.bin", 1 << 30
 GOAL = 0.8  # of N × the one-node rate
 MB = 1e6
 
@@ -100,6 +103,20 @@ def s3_dataset(client: Any) -> dict[str, str]:
         with ThreadPoolExecutor(16) as pool:
             have.update(pool.map(put, missing))
     return {k.removeprefix("in/"): v for k, v in have.items()}
+
+
+def big_dataset(client: Any) -> dict[str, str]:
+    """One BIG_SIZE object (made once, kept; one PUT, so its ETag is its MD5): name → MD5."""
+    try:
+        head = client.head_object(Bucket=BUCKET, Key=BIG_KEY)
+        if head["ContentLength"] == BIG_SIZE and "-" not in head["ETag"]:
+            return {"one.bin": head["ETag"].strip('"')}
+    except client.exceptions.ClientError:
+        pass
+    print(f"uploading one object of {BIG_SIZE >> 20} MiB to s3://{BUCKET}/{BIG_KEY}")
+    body = os.urandom(BIG_SIZE)
+    client.put_object(Bucket=BUCKET, Key=BIG_KEY, Body=body)
+    return {"one.bin": hashlib.md5(body).hexdigest()}
 
 
 def posix_dataset(root: Path, uid: int, gid: int) -> dict[str, str]:
@@ -156,16 +173,19 @@ def run_case(
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
     os.chown(out, identity.uid, identity.gid)
-    source = f"s3://{BUCKET}/in/" if case == "s3" else f"{root / 'tree'}/"
-    spec = TransferSpec.between(source, f"{out}/", job_id="bench", threads=8)
+    source, target, size = {
+        "s3": (f"s3://{BUCKET}/in/", f"{out}/", OBJECT_SIZE),
+        "posix": (f"{root / 'tree'}/", f"{out}/", FILE_SIZE),
+        "big": (f"s3://{BUCKET}/{BIG_KEY}", f"{out}/one.bin", BIG_SIZE),
+    }[case]
+    spec = TransferSpec.between(source, target, job_id="bench", threads=8)
     settle("drop")
     t = transfer(executor, spec, identity)
-    size = OBJECT_SIZE if case == "s3" else FILE_SIZE
     check(
         t["files"] == len(want) and t["bytes"] == len(want) * size,
         f"{case}: {t['files']} files, {t['bytes']} B",
     )
-    got = digests(out, "md5" if case == "s3" else "sha256")
+    got = digests(out, "sha256" if case == "posix" else "md5")
     check(got == want, f"{case}: {sum(got.get(k) != v for k, v in want.items())} files differ")
     shutil.rmtree(out)
     return {
@@ -223,6 +243,8 @@ def main() -> None:
         want["s3"] = s3_dataset(s3_client(s3env))
     if "posix" in cases:
         want["posix"] = posix_dataset(args.dir, pw.pw_uid, pw.pw_gid)
+    if "big" in cases:
+        want["big"] = big_dataset(s3_client(s3env))
 
     runs: dict[str, dict[str, list[dict[str, float]]]] = {c: {} for c in cases}
     movers_script = str(REPO / "scripts" / "local-movers")
@@ -243,10 +265,15 @@ def main() -> None:
                 executor.shutdown()
     result = load_result(NAME) or {"goal_efficiency": GOAL, "rates": {}}
     result["environment"] = environment()
-    result["datasets"] = {
+    result["datasets"] = {  # every case's, whichever ran
         "s3": f"{OBJECTS} × {OBJECT_SIZE >> 20} MiB objects → POSIX",
         "posix": f"{FILES} × {FILE_SIZE >> 20} MiB files (2 GiB) → POSIX",
+        "big": f"one {BIG_SIZE >> 20} MiB object → POSIX, in byte ranges across the nodes",
     }
+    # A run of some cases keeps the other cases' figures at this cap (same nodes).
+    old = result["rates"].get(str(args.rate), {})
+    if old.get("nodes") == nodes:
+        runs = {**old["runs"], **runs}
     result["rates"][str(args.rate)] = {
         "nodes": nodes,
         "rounds": args.rounds,

@@ -7,7 +7,7 @@ from typing import Any
 from . import plots as figures
 from .text import env_line, rate
 
-CASES = {"s3": "S3 → POSIX", "posix": "POSIX → POSIX"}
+CASES = {"s3": "S3 → POSIX", "posix": "POSIX → POSIX", "big": "one big object → POSIX"}
 
 
 def scaleout(result: dict[str, Any], plots: bool) -> list[str]:
@@ -20,7 +20,8 @@ def scaleout(result: dict[str, Any], plots: bool) -> list[str]:
         "scheduler and N workers (as root), each in a network namespace of its own behind a",
         "veth capped with `tc` (a stand-in for a node's NIC; the cap is a column), mutual TLS.",
         "Each transfer goes through `DaskExecutor` as the daemon submits it: a tree split into",
-        "one shard per node, each shard's copy in a child process as the user (`bbuser1`).",
+        "one shard per node (one big file: a byte range per node), each shard's copy in a",
+        "child process as the user (`bbuser1`).",
         "*local* is the local executor on the daemon's host (no cap): the reference, and the",
         "limit of this one machine. Page cache dropped before every run; every run's bytes",
         "checked (MD5 against each object's ETag, SHA-256 against the source tree); rounds",
