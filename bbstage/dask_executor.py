@@ -219,10 +219,12 @@ class DaskExecutor:
             return self._client
 
     def _shards(self, client: Any, spec: TransferSpec) -> int:
-        """How many shards a transfer is split into: trees, and single files to a POSIX
-        destination (``[movers] range_min``: byte ranges), across the workers that have
-        the resource (or ``[movers] shards`` of them); a glob stays one task."""
-        ranged = self._movers.range_min and spec.destination_kind != "s3" and not spec.glob
+        """How many shards a transfer is split into: trees, and single files from a POSIX
+        source or to a POSIX destination (``[movers] range_min``: byte ranges, or parts of
+        one upload), across the workers that have the resource (or ``[movers] shards``
+        of them); a glob stays one task."""
+        s3_to_s3 = spec.source_kind == spec.destination_kind == "s3"
+        ranged = self._movers.range_min and not spec.glob and not s3_to_s3
         if spec.shard is not None or not (spec.tree or ranged):
             return 1
         if self._movers.shards:

@@ -234,8 +234,9 @@ def _copy_share(
     cancel: threading.Event,
 ) -> None:
     """Share ``spec.shard`` of a one-file transfer: its byte range of a file of at least
-    ``min_size`` bytes (``bbstage.ranges``); anything else (a smaller file, a link, a file
-    already in place, a transfer with ``checksum=``) share 0 copies whole, alone."""
+    ``min_size`` bytes (``bbstage.ranges``; to S3, parts of one upload: ``copy_share``);
+    anything else (a smaller file, a link, a file already in place, a transfer with
+    ``checksum=``) share 0 copies whole, alone."""
     shard = spec.shard
     assert shard is not None
     if spec.resumed:
@@ -244,7 +245,8 @@ def _copy_share(
         planning.check_capacity(planning.select(mover, plan, spec.overwrite), spec.scratch_limit)
     chosen = list(planning.select(mover, plan, spec.overwrite))
     task = chosen[0] if len(chosen) == 1 else None
-    if task is None or task.kind != "file" or task.size < shard.min_size or spec.checksum != "none":
+    least = max(shard.min_size, mover.min_share * shard.count)
+    if task is None or task.kind != "file" or task.size < least or spec.checksum != "none":
         if shard.index == 0:
             return _copy_all(mover, chosen, reporter, cancel)
         reporter.send(Planned(0, 0))
@@ -256,7 +258,10 @@ def _copy_share(
     def copy(fd: int, start: int, n: int) -> None:
         _with_retries(lambda: mover.copy_range(task, fd, start, n, reporter, cancel), cancel)
 
-    ranges.write_range(task, spec.job_id, shard, copy, reporter.temp)
+    if spec.destination_kind == "s3":  # parts of one multipart upload
+        mover.copy_share(task, spec.job_id, shard, reporter, cancel)
+    else:
+        ranges.write_range(task, spec.job_id, shard, copy, reporter.temp)
     reporter.range_done(task, count, files)
 
 

@@ -93,6 +93,8 @@ class Mover(ABC):
     when complete and verified. ``exists`` tells whether a destination is already current.
     """
 
+    min_share = 0  # bytes: a share of one file split across nodes is at least this big
+
     def __init__(self, options: MoverOptions) -> None:
         self.options = options
 
@@ -145,6 +147,14 @@ class Mover(ABC):
         ``fd`` (one file written by several nodes: ``bbstage.ranges``), all of them or raise.
         Optional: movers to a local destination implement it."""
         raise TransferError(f"{type(self).__name__} does not copy byte ranges")
+
+    def copy_share(
+        self, task: FileTask, job_id: str, shard: Any, progress: Progress, cancel: threading.Event
+    ) -> None:
+        """Copy share ``shard`` (a ``bbstage.transfer.Shard`` with a group) of one file, for
+        destinations that assemble a file themselves (S3: parts of one multipart upload).
+        Optional: local destinations use ``copy_range`` and ``bbstage.ranges`` instead."""
+        raise TransferError(f"{type(self).__name__} does not copy shares of a file")
 
     def copy_many(
         self,

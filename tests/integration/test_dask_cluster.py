@@ -9,6 +9,7 @@ Run it under the cluster lock:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -294,6 +295,36 @@ def test_a_big_file_is_split_across_the_nodes_in_byte_ranges(
         assert sorted(a["shard"] for a in done) == list(range(WORKERS)), done
         assert (d["files_total"], d["bytes_total"]) == (1, (1 << 30) + 4097), d
     assert not parts(workdir), parts(workdir)
+
+
+def test_a_big_file_is_uploaded_to_s3_in_pieces_by_the_nodes(
+    cluster: Cluster,
+    workdir: Path,
+    s3: S3Env,  # noqa: F811
+) -> None:
+    """Each node uploads its share of the file as a piece beside the object, through its
+    capped link; the last assembles the object on the server. No piece, no upload left."""
+    bucket = s3.create_bucket(owner=USER)
+    src = workdir / "big.dat"
+    sparse_file(src, (1 << 30) + 4097)
+    as_user(workdir)
+    job = cluster.submit(
+        workdir,
+        f"#!/bin/bash\n#BB_LUA stage_out source={src} destination=s3://{bucket}/out/big.dat\n"
+        "true\n",
+    )
+    cluster.wait_gone(job, timeout=400)
+    assert cluster.job(job)["JobState"] == "COMPLETED", cluster.status(job)
+    (d,) = attempts_accounted(cluster, job)
+    done = [a for a in d["attempts"] if a["state"] == "done"]
+    assert {a["node"] for a in done} == DTNS and sorted(a["shard"] for a in done) == [0, 1]
+    client = s3.client(USER)
+    assert [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]] == ["out/big.dat"]
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    digest = hashlib.sha256()
+    for chunk in client.get_object(Bucket=bucket, Key="out/big.dat")["Body"].iter_chunks(8 << 20):
+        digest.update(chunk)
+    assert digest.hexdigest() == file_digest(src)
 
 
 def test_a_node_that_dies_mid_range_leaves_a_complete_verified_file(

@@ -441,12 +441,12 @@ def test_worker_retries_transient_batch_failures(monkeypatch: pytest.MonkeyPatch
 
 
 def test_create_window_from_the_servers_date() -> None:
-    from bbstage.movers.implementations.s3.upload import _create_window
+    from bbstage.movers.implementations.s3.upload import create_window
 
     reply = {"ResponseMetadata": {"HTTPHeaders": {"date": "Sat, 21 Nov 2026 21:00:10 GMT"}}}
-    start, end = _create_window(reply, 3.0)  # type: ignore[misc]
+    start, end = create_window(reply, 3.0)  # type: ignore[misc]
     assert end - start == 5.0 and end == 1_795_294_811.0
-    assert _create_window({}, 1.0) is None
+    assert create_window({}, 1.0) is None
 
 
 @pytest.mark.parametrize(
@@ -495,3 +495,51 @@ def test_an_objects_ranges_by_several_shares_make_the_file(
     assert sum(d.bytes for d in manifests) == len(data) and sum(d.files for d in manifests) == 1
     assert dst.read_bytes() == data
     assert os.listdir(tmp_path) == ["big"]
+
+
+@pytest.mark.parametrize("threshold", ["32M", "5M"])  # pieces by one PUT, or multipart
+def test_one_files_shares_upload_pieces_and_the_last_assembles_the_object(
+    tmp_path: Path, endpoint: str, client: Any, bucket: str, threshold: str
+) -> None:
+    """One file to S3 split across nodes: each share uploads its bytes as a piece beside
+    the destination, in any order, none waiting for another; the last assembles the object
+    from the pieces on the server. The object whole, with the source's mtime; no piece and
+    no upload left; an earlier group's pieces swept."""
+    from bbstage.movers.implementations.s3 import pieces
+
+    src = tmp_path / "big"
+    src.write_bytes(os.urandom((17 << 20) + 11))
+    stale = "out/.big.bbstage-7-00000001.r1of3.part"
+    client.put_object(Bucket=bucket, Key=stale, Body=b"left by a failed group")
+    spec = TransferSpec.between(
+        str(src),
+        f"s3://{bucket}/out/big",
+        job_id="7",
+        extra=extra(endpoint, part_size="5M", multipart_threshold=threshold),
+    )
+    ends: list[Any] = [None] * 3
+
+    def share(i: int) -> None:
+        conn = Conn()
+        part = spec.but(shard=Shard(i, 3, "0000abcd", 1 << 20))
+        worker.transfer(part, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
+        ends[i] = conn.events[-1]
+
+    threads = [threading.Thread(target=share, args=(i,)) for i in (2, 1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(isinstance(d, Done) for d in ends), ends
+    assert sum(d.bytes for d in ends) == src.stat().st_size and sum(d.files for d in ends) == 1
+    body = client.get_object(Bucket=bucket, Key="out/big")
+    assert body["Body"].read() == src.read_bytes()
+    assert body["Metadata"]["bbstage-mtime"] == str(src.stat().st_mtime_ns)
+    assert [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]] == ["out/big"]
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    # Part copies: every byte of a piece once, none over S3's largest part.
+    for size in (1, 5 << 30, (5 << 30) + 1, 12 << 30):
+        cuts = pieces._cuts(size)
+        assert cuts[0][0] == 0 and cuts[-1][1] == size - 1
+        assert all(a[1] + 1 == b[0] for a, b in zip(cuts, cuts[1:], strict=False))
+        assert all(b - a + 1 <= pieces.COPY_MAX for a, b in cuts)

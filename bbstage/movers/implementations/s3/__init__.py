@@ -19,19 +19,20 @@ dropped connections are transient (retried by the worker), the rest are permanen
 
 Modules, by concern: ``settings`` (``[s3]`` and mapped credentials: what the daemon reads),
 ``errors`` (URLs, error translation), ``common`` (the mover base both directions share),
-``download`` (``S3Download``), ``upload`` (``S3Upload``), ``fast`` (small objects via obstore).
+``download`` (``S3Download``), ``upload`` (``S3ObjectUpload``), ``pieces`` (``S3Upload``: and
+one file's shares across nodes), ``fast`` (small objects via obstore).
 """
 
 from bbstage.movers.implementations.s3.common import MTIME_KEY, checksum_key
 from bbstage.movers.implementations.s3.download import S3Download
 from bbstage.movers.implementations.s3.errors import S3Error, split_url, translate
+from bbstage.movers.implementations.s3.pieces import S3Upload
 from bbstage.movers.implementations.s3.settings import (
     S3Settings,
     mapped_credentials,
     parse_mode,
     spec_extra,
 )
-from bbstage.movers.implementations.s3.upload import S3Upload
 
 __all__ = [
     "MTIME_KEY",

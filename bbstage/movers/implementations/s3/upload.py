@@ -35,7 +35,7 @@ class _Remote:
     meta: dict[str, str] | None = None
 
 
-class S3Upload(_S3Mover):
+class S3ObjectUpload(_S3Mover):
     """A local file, tree or glob to ``s3://bucket/key`` (or ``prefix/``).
 
     Every object gets the source's mtime as metadata (``MTIME_KEY``): a later run of the same
@@ -200,10 +200,18 @@ class S3Upload(_S3Mover):
             os.close(fd)
 
     async def _put(
-        self, s3: Any, bucket: str, key: str, task: FileTask, fd: int, meta: dict[str, str]
+        self,
+        s3: Any,
+        bucket: str,
+        key: str,
+        task: FileTask,
+        fd: int,
+        meta: dict[str, str],
+        start: int = 0,
     ) -> None:
-        """One PutObject; with ``checksum=``, its digest, Content-MD5 and ETag check."""
-        data = os.pread(fd, task.size, 0) if task.size else b""
+        """One PutObject of ``task.size`` bytes of ``fd`` from ``start``; with ``checksum=``,
+        its digest, Content-MD5 and ETag check."""
+        data = os.pread(fd, task.size, start) if task.size else b""
         if len(data) != task.size:
             raise TransferError(f"{task.src} shrank while staging", permanent=False)
         extra: dict[str, Any] = {}
@@ -251,8 +259,10 @@ class S3Upload(_S3Mover):
         fd: int,
         progress: _Counted,
         meta: dict[str, str],
+        start: int = 0,
     ) -> None:
-        """Parts of ``part_size`` with at most ``max_concurrency`` in flight. With
+        """``task.size`` bytes of ``fd`` from ``start``, in parts of ``part_size`` with at
+        most ``max_concurrency`` in flight. With
         ``checksum=`` the digest goes into the metadata at create time, so the file is hashed
         first; the parts are then read in order and hashed again, and the upload completes
         only if both digests agree (the bytes sent are the bytes the metadata describes)."""
@@ -270,7 +280,7 @@ class S3Upload(_S3Mover):
             await self._abort_lost_creates(s3, bucket, key, None, asked, None)
             raise
         upload_id = created["UploadId"]
-        window = _create_window(created, time.monotonic() - asked)
+        window = create_window(created, time.monotonic() - asked)
         slots = self._part_slots
         assert slots is not None
         etags: dict[int, str] = {}
@@ -279,7 +289,7 @@ class S3Upload(_S3Mover):
         read = [asyncio.Event() for _ in offsets] if hasher is not None else []
 
         def load(offset: int, n: int) -> tuple[bytes, bytes]:
-            data = os.pread(fd, n, offset)
+            data = os.pread(fd, n, start + offset)
             if hasher is None:
                 return data, b""
             hasher.update(data)
@@ -376,7 +386,7 @@ class S3Upload(_S3Mover):
             )
         except Exception:
             return
-        window = window or _create_window(page, time.monotonic() - asked)
+        window = window or create_window(page, time.monotonic() - asked)
         if window is None:
             return
         for upload in page.get("Uploads", []):
@@ -393,7 +403,7 @@ class S3Upload(_S3Mover):
                     pass
 
 
-def _create_window(reply: dict[str, Any], elapsed: float) -> tuple[float, float] | None:
+def create_window(reply: dict[str, Any], elapsed: float) -> tuple[float, float] | None:
     """When, in the server's clock (its ``Date`` header, whole seconds), a create call that
     took ``elapsed`` seconds with its retries may have begun uploads; None if unknown."""
     date = reply.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
