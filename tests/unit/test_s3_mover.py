@@ -21,7 +21,7 @@ from bbstage import worker
 from bbstage.movers import FileTask, MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
 from bbstage.movers.implementations.s3.download import _safe_rel
-from bbstage.transfer import Done, Planned, Shard, TransferSpec
+from bbstage.transfer import Done, Failed, Planned, Shard, TransferSpec
 from tests.helpers import Conn, file_digest, run_worker
 
 CREDS = {"key": "testing", "secret": "testing"}
@@ -543,3 +543,27 @@ def test_one_files_shares_upload_pieces_and_the_last_assembles_the_object(
         assert cuts[0][0] == 0 and cuts[-1][1] == size - 1
         assert all(a[1] + 1 == b[0] for a, b in zip(cuts, cuts[1:], strict=False))
         assert all(b - a + 1 <= pieces.COPY_MAX for a, b in cuts)
+
+
+def test_pieces_of_two_versions_of_the_source_are_never_assembled(
+    tmp_path: Path, endpoint: str, client: Any, bucket: str
+) -> None:
+    """Each node plans the file itself: the source was rewritten between the shares'
+    plans. The last share finds pieces of another version: it fails (transiently), no
+    object is made, and the pieces are removed."""
+    src = tmp_path / "big"
+    src.write_bytes(os.urandom(12 << 20))
+    spec = TransferSpec.between(str(src), f"s3://{bucket}/big", job_id="7", extra=extra(endpoint))
+
+    def share(i: int) -> Any:
+        conn = Conn()
+        part = spec.but(shard=Shard(i, 2, "0000abcd", 1 << 20))
+        worker.transfer(part, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
+        return conn.events[-1]
+
+    assert share(0) == Done(6 << 20, 1)
+    os.utime(src, ns=(1_700_000_000_000_000_000,) * 2)
+    failed = share(1)
+    assert isinstance(failed, Failed) and not failed.permanent
+    assert "different versions" in failed.message
+    assert client.list_objects_v2(Bucket=bucket).get("Contents", []) == []
