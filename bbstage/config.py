@@ -60,7 +60,7 @@ class Movers:
     tls_key: Path | None = None
     resources: str = "dtn"  # each task asks its workers for one unit of this resource
     shards: int = 0  # a tree is split into this many tasks (0: one per worker with it)
-    range_min: int = 1 << 30  # a file this big to a POSIX destination: split in ranges (0: never)
+    range_min: int = 1 << 30  # one file this big is split across the nodes (0: never)
 
 
 def _count(value: Any) -> int:
