@@ -21,7 +21,7 @@ import json
 import sys
 from typing import Any
 
-from bbstage import movers
+from bbstage import log, movers
 from bbstage.bench.baselines import run_order
 from bbstage.bench.model import BenchError, Options, Plan, plan_sizes
 from bbstage.bench.output import human, plot, render, require_matplotlib
@@ -53,6 +53,7 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"bbstage: {exc}", file=sys.stderr)
         return 2
+    log.configure("warning")  # stdout is the result's: only warnings, on stderr
     if args.threads:
         cfg = dataclasses.replace(cfg, threads_per_transfer=args.threads)
     try:
