@@ -61,6 +61,7 @@ class Movers:
     resources: str = "dtn"  # each task asks its workers for one unit of this resource
     shards: int = 0  # a tree is split into this many tasks (0: one per worker with it)
     range_min: int = 1 << 30  # one file this big is split across the nodes (0: never)
+    split_min: int = 64 << 20  # a tree this big is split across the nodes
 
 
 def _count(value: Any) -> int:
@@ -78,7 +79,7 @@ def _movers(data: dict[str, Any], source: str) -> Movers:
 
     keys = {"engine": _text, "scheduler": _text, "tls_ca_file": path, "tls_cert": path,
             "tls_key": path, "resources": _text, "shards": _count,
-            "range_min": parse_size}  # fmt: skip
+            "range_min": parse_size, "split_min": parse_size}  # fmt: skip
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in keys:

@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from bbstage import remote
+from bbstage import planning, remote
 from bbstage.config import Movers
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
@@ -219,13 +219,20 @@ class DaskExecutor:
             return self._client
 
     def _shards(self, client: Any, spec: TransferSpec) -> int:
-        """How many shards a transfer is split into: trees, and single files from a POSIX
-        source or to a POSIX destination (``[movers] range_min``: byte ranges, or parts of
-        one upload), across the workers that have the resource (or ``[movers] shards``
-        of them); a glob stays one task."""
-        s3_to_s3 = spec.source_kind == spec.destination_kind == "s3"
-        ranged = self._movers.range_min and not spec.glob and not s3_to_s3
-        if spec.shard is not None or not (spec.tree or ranged):
+        """How many shards a transfer is split into, across the workers that have the
+        resource (or ``[movers] shards``): a tree, unless the daemon's host sees it hold
+        under ``[movers] split_min`` bytes; one file (not S3 to S3) in byte ranges or S3
+        pieces, unless it sees it under ``range_min`` (an S3 source it cannot see: each
+        share plans it, and a small one is copied by share 0). A glob stays one task."""
+        movers, local = self._movers, spec.source_kind != "s3"
+        if spec.shard is not None or spec.glob:
+            return 1
+        if spec.tree:
+            if local and planning.below(spec.source, True, movers.split_min):
+                return 1
+        elif not movers.range_min or spec.source_kind == spec.destination_kind == "s3":
+            return 1
+        elif local and planning.below(spec.source, False, movers.range_min):
             return 1
         if self._movers.shards:
             return self._movers.shards

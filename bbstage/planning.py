@@ -29,6 +29,32 @@ def only(tasks: Iterable[FileTask], shard: Shard | None) -> Iterable[FileTask]:
     return (t for t in tasks if t.kind == "dir" or in_shard(t.dst, shard))
 
 
+PROBE_ENTRIES = 10_000  # ``below`` gives up (says no) after looking at this many entries
+
+
+def below(path: str, tree: bool, limit: int) -> bool:
+    """Does the local source at ``path`` (a file, or a tree) hold fewer than ``limit``
+    bytes, as this host sees it? No if it cannot tell (unreadable, or more than
+    ``PROBE_ENTRIES`` entries). A hint for how to split a transfer, never for what to copy."""
+    try:
+        if not tree:
+            return os.stat(path).st_size < limit
+        total, seen, stack = 0, 0, [path]
+        while stack:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    seen += 1
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    else:
+                        total += entry.stat(follow_symlinks=False).st_size
+                    if total >= limit or seen > PROBE_ENTRIES:
+                        return False
+        return True
+    except OSError:
+        return False
+
+
 def select(mover: Mover, tasks: Iterable[FileTask], overwrite: str) -> Iterator[FileTask]:
     """Drop what is already in place, and existing files the ``overwrite`` rule keeps:
     ``never`` keeps every existing file, ``newer`` one at least as new as its source."""

@@ -254,7 +254,7 @@ def test_threads_are_not_left_behind(executor: DaskExecutor) -> None:
 @pytest.fixture
 def split(client: Any) -> Iterator[DaskExecutor]:
     """An executor that splits every tree into 3 shards (on this one worker, in turn)."""
-    ex = DaskExecutor(config.Movers(engine="dask", shards=3), 4, client=client)
+    ex = DaskExecutor(config.Movers(engine="dask", shards=3, split_min=0), 4, client=client)
     yield ex
     for key in list(ex._attempts):
         ex.cancel(key)
@@ -281,6 +281,29 @@ def test_a_tree_split_into_shards_is_staged_whole_with_one_summed_plan(
     assert set(finals) == {Planned(total, 120)}  # final only once every shard's walk ended
     assert not [e for e, after in seen if after], "an event arrived after the outcome"
     assert tree_digests(area / "dst") == tree_digests(src)
+
+
+def test_small_transfers_stay_one_task_big_ones_are_split(area: Path) -> None:
+    """Split only what the daemon's host sees is big enough (or cannot see: S3)."""
+    workers = {"scheduler_info": lambda: {"workers": {f"w{i}": {"resources": {"dtn": 1}}
+                                                       for i in range(3)}}}  # fmt: skip
+    client = type("Client", (), {k: staticmethod(v) for k, v in workers.items()})()
+    ex = DaskExecutor(config.Movers(engine="dask", range_min=4 << 20, split_min=1 << 20))
+    small = make_tree(area / "small", 10, 1000)
+    big = make_tree(area / "big", 40, 64 << 10)
+    (area / "f").write_bytes(os.urandom(4 << 20))
+
+    def shards(source: str, destination: str = f"{area}/out/", **kw: Any) -> int:
+        return ex._shards(client, TransferSpec.between(source, destination, **kw))
+
+    assert shards(f"{small}/") == 1
+    assert shards(f"{big}/") == 3
+    assert shards(str(small / "f00000"), f"{area}/g") == 1  # a small file
+    assert shards(str(area / "f"), f"{area}/g") == 3  # in byte ranges
+    assert shards(str(area / "f"), "s3://b/g") == 3  # in S3 pieces
+    assert shards("s3://b/k", f"{area}/g") == 3  # unseen: each share plans it
+    assert shards("s3://b/k", "s3://b/l") == 1
+    assert shards(f"{area}/*", f"{area}/out/", glob=True) == 1
 
 
 def test_a_big_file_is_split_into_byte_ranges_one_attempt_each(area: Path, client: Any) -> None:
