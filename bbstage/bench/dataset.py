@@ -68,12 +68,3 @@ def cleanup(paths: list[str], keep: bool) -> Iterator[None]:
         if not keep:
             for path in paths:
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def give(roots: list[str], uid: int, gid: int) -> None:
-    """Make ``roots`` and everything under them ``uid``'s (not following links)."""
-    for root in roots:
-        os.lchown(root, uid, gid)
-        for parent, dirs, files in os.walk(root):
-            for name in dirs + files:
-                os.lchown(os.path.join(parent, name), uid, gid)

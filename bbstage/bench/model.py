@@ -80,10 +80,9 @@ class Options:
     profile: str | None = None
     config: Config = field(default_factory=Config)
     progress: bool = True
-    # ``--engine dask``: runs our transfer on the transfer nodes (``bbstage.bench.transfer``
-    # ``Runner``; None: in this process), as ``owner`` (uid, gid), who gets the data set.
+    # Runs our timed transfer elsewhere (``--engine dask``: ``bbstage.bench.run.Relay``,
+    # to the transfer nodes); None: in this process.
     runner: Any = None
-    owner: tuple[int, int] | None = None
 
 
 @dataclass

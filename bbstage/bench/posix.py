@@ -16,7 +16,7 @@ from typing import Any
 from bbstage import movers
 from bbstage.bench.baselines import baseline_commands, command_label, run_command, run_order
 from bbstage.bench.cache import cache_policy, settle
-from bbstage.bench.dataset import cleanup, clear, generate, give, new_tag
+from bbstage.bench.dataset import cleanup, clear, generate, new_tag
 from bbstage.bench.model import BenchError, Location, Options, Run
 from bbstage.bench.progress import progress_bar
 from bbstage.bench.results import result, summary
@@ -38,8 +38,6 @@ def bench_posix(opts: Options, src_loc: Location, dst_loc: Location) -> dict[str
         bar.phase("generating")
         source = generate(src_root, plan)
         os.makedirs(work, exist_ok=True)
-        if opts.owner is not None:  # the nodes copy as the owner: theirs, as a job's are
-            give([src_root, work], *opts.owner)
         tree = source.endswith("/")
         ours_dst = os.path.join(work, "bbstage") + ("/" if tree else "")
         spec = make_spec(

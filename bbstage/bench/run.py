@@ -7,6 +7,7 @@ import dataclasses
 import multiprocessing
 import os
 import pwd
+import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -16,6 +17,7 @@ from bbstage.bench.posix import bench_posix
 from bbstage.bench.s3 import bench_s3
 from bbstage.bench.transfer import DaskRunner
 from bbstage.identity import Identity
+from bbstage.transfer import Done, Moved, TransferSpec
 
 
 def bench(opts: Options) -> dict[str, Any]:
@@ -26,8 +28,11 @@ def bench(opts: Options) -> dict[str, Any]:
     return bench_posix(opts, src, dst)
 
 
-def bench_as(opts: Options, user: str) -> dict[str, Any]:
-    """Run :func:`bench` in a child process that has become ``user`` (as a worker does)."""
+def bench_as(opts: Options, user: str, runner: Any = None) -> dict[str, Any]:
+    """Run :func:`bench` in a child process that has become ``user`` (as a worker does).
+    With ``runner`` (root's: a ``DaskRunner``), the child's timed transfers run through it,
+    here, relayed over the pipe (``Relay``); the rest (data set, baselines, clean-up) stays
+    the user's."""
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
@@ -36,25 +41,28 @@ def bench_as(opts: Options, user: str) -> dict[str, Any]:
         raise BenchError("--as-user needs root")
     identity = Identity.of(pw.pw_uid, pw.pw_gid)
     ctx = multiprocessing.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
+    parent, child = ctx.Pipe()
+    if runner is not None:
+        opts = dataclasses.replace(opts, runner=Relay(child))
     proc = ctx.Process(target=_child, args=(child, opts, identity))
     proc.start()
     child.close()
     try:
-        outcome = parent.recv()
+        while (outcome := parent.recv())[0] == "run":
+            _serve(parent, runner, outcome[1])
     except EOFError:
         outcome = ("error", f"the benchmark process died (exit code {proc.exitcode})")
     proc.join()
     if outcome[0] == "error":
         raise BenchError(outcome[1])
-    return outcome[1]
+    return outcome[1]  # type: ignore[no-any-return]
 
 
 def bench_dask(opts: Options, user: str | None, client: Any = None) -> dict[str, Any]:
-    """:func:`bench` with our transfer run on the configured Dask cluster, as the daemon
-    runs a job's (``[movers]``: scheduler and certificates), the nodes copying as ``user``;
-    the baselines copy on this host. Root (the client certificate is root's), POSIX only
-    (the data set is made here and given to ``user``). ``client``: tests."""
+    """:func:`bench_as` ``user``, with our timed transfers run on the configured Dask
+    cluster as the daemon runs a job's (``[movers]``: scheduler and certificates, which
+    only root holds), the nodes copying as ``user``; the baselines copy on this host.
+    ``client``: tests."""
     if not user:
         raise BenchError("--engine dask needs --as-user USER: the nodes copy as that user")
     if os.geteuid() != 0:
@@ -65,20 +73,62 @@ def bench_dask(opts: Options, user: str | None, client: Any = None) -> dict[str,
             "--engine dask: no Dask cluster in the configuration: set [movers] scheduler,"
             " tls_ca_file, tls_cert and tls_key (docs/scale-out.md)"
         )
-    if Location(opts.source).kind == "s3" or Location(opts.destination).kind == "s3":
-        raise BenchError("--engine dask: give two directories (S3 is not measured this way yet)")
     try:
         pw = pwd.getpwnam(user)
     except KeyError:
         raise BenchError(f"--as-user {user}: no such user") from None
     runner = DaskRunner(movers_conf, Identity.of(pw.pw_uid, pw.pw_gid), client)
     try:
-        out = bench(dataclasses.replace(opts, runner=runner, owner=(pw.pw_uid, pw.pw_gid)))
+        out = bench_as(opts, user, runner)
     finally:
         runner.close()
     out["engine"] = {"name": "dask", "scheduler": movers_conf.scheduler,
                      "nodes": sorted(runner.nodes)}  # fmt: skip
     return out
+
+
+class Relay:
+    """The runner of :func:`bench_as`'s child: hands each transfer to the parent's runner
+    and follows its progress (the child is the user: it cannot reach the Dask cluster)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def __call__(self, spec: TransferSpec, reporter: Any, cancel: threading.Event) -> None:
+        self._conn.send(("run", spec))
+        while True:
+            msg = self._conn.recv()
+            if msg[0] == "moved":
+                reporter.moved(Moved(msg[1], msg[2]))
+            elif msg[0] == "end":
+                return
+            else:
+                raise movers.TransferError(msg[1], permanent=msg[2])
+
+
+class _Forward:
+    """The parent's reporter for a relayed transfer: progress back to the child."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def moved(self, event: Moved | Done) -> None:
+        self._conn.send(("moved", event.bytes, event.files))
+
+    def send(self, event: Any) -> None:
+        pass  # the plan: the child checks the counts itself
+
+
+def _serve(conn: Connection, runner: Any, spec: TransferSpec) -> None:
+    """Run one relayed transfer; its end (or error) back to the child."""
+    try:
+        runner(spec, _Forward(conn), threading.Event())
+    except movers.TransferError as exc:
+        conn.send(("error", str(exc), exc.permanent))
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}", True))
+    else:
+        conn.send(("end",))
 
 
 def _child(conn: Connection, opts: Options, identity: Identity) -> None:

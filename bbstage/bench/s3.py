@@ -90,7 +90,9 @@ def bench_s3(opts: Options, src: Location, dst: Location) -> dict[str, Any]:
                     bar.phase(f"{who} ({rep + 1}/{opts.repeat})")
                     source = data if upload else remote_data
                     if who == "bbstage":
-                        runs[who].append(run_transfer(spec(source, dst), plan, bar.update))
+                        runs[who].append(
+                            run_transfer(spec(source, dst), plan, bar.update, opts.runner)
+                        )
                     else:
                         if not upload:
                             os.makedirs(os.path.dirname(dst), exist_ok=True)

@@ -418,6 +418,29 @@ def test_bench_with_the_dask_engine_measures_the_nodes(cluster: Cluster, workdir
           f" cp -r here {out['baselines']['cp']['mb_per_s']:.1f} MB/s")  # fmt: skip
 
 
+def test_bench_with_the_dask_engine_measures_s3_downloads_through_the_nodes(
+    cluster: Cluster,
+    workdir: Path,
+    s3: S3Env,  # noqa: F811
+) -> None:
+    """The user uploads the data set with their own credentials (untimed); the nodes
+    download it as the user, through their capped links."""
+    bucket = s3.create_bucket(owner=USER)
+    (workdir / "d").mkdir()
+    as_user(workdir)
+    proc = cluster.bbstage(
+        "bench", "--engine", "dask", "--as-user", USER, "--source", f"s3://{bucket}/b",
+        "--destination", str(workdir / "d"), "--files", "40", "--file-size", "1M", "--json",
+        "--quiet",
+        user=None,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out["engine"]["nodes"]) == DTNS, out["engine"]
+    assert (out["files"], out["total_bytes"], out["mover"]) == (40, 40 << 20, "s3:S3Download")
+    assert s3.client(USER).list_objects_v2(Bucket=bucket).get("Contents", []) == []  # cleaned
+
+
 def test_scancel_stops_the_remote_copy_within_2s(cluster: Cluster, workdir: Path) -> None:
     big = workdir / "big"
     with open(big, "wb") as f:
