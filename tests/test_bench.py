@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import structlog
 
 from bbstage import bench, cli
 
@@ -35,6 +36,7 @@ def test_tree_json_baselines_and_cleanup(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     src, dst = dirs(tmp_path)
+    before = structlog.get_config()
     code, out, err = run_cli(
         capsys,
         *("--source", str(src), "--destination", str(dst)),
@@ -43,6 +45,9 @@ def test_tree_json_baselines_and_cleanup(
     assert code == 0, err
     r = json.loads(out)
     assert r["files"] == 50 and r["file_size"] == 4096 and r["total_bytes"] == 50 * 4096
+    # Its logging (warnings, on stderr) was for its run only: a later test of this process
+    # that logs must not write to this test's captured (then closed) stderr.
+    assert structlog.get_config() == before
     assert r["mb_per_s"] > 0 and r["files_per_s"] > 0
     assert set(r["latency_ms"]) == {"p50", "p90", "p99", "max", "mean"}
     assert r["latency_ms"]["p50"] <= r["latency_ms"]["p99"] <= r["latency_ms"]["max"]

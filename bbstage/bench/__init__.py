@@ -53,7 +53,6 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"bbstage: {exc}", file=sys.stderr)
         return 2
-    log.configure("warning")  # stdout is the result's: only warnings, on stderr
     if args.threads:
         cfg = dataclasses.replace(cfg, threads_per_transfer=args.threads)
     try:
@@ -73,10 +72,11 @@ def main(args: argparse.Namespace) -> int:
             progress=sys.stderr.isatty() and not args.quiet,
         )
         result: dict[str, Any]
-        if args.engine == "dask":
-            result = bench_dask(opts, args.as_user)
-        else:
-            result = bench_as(opts, args.as_user) if args.as_user else bench(opts)
+        with log.quiet():  # stdout is the result's
+            if args.engine == "dask":
+                result = bench_dask(opts, args.as_user)
+            else:
+                result = bench_as(opts, args.as_user) if args.as_user else bench(opts)
         if args.json:
             print(json.dumps(result, indent=2))
         else:
