@@ -234,10 +234,10 @@ class DaskExecutor:
             return 1
         elif local and planning.below(spec.source, False, movers.range_min):
             return 1
-        if self._movers.shards:
-            return self._movers.shards
+        if movers.shards:
+            return movers.shards
         workers = client.scheduler_info().get("workers", {}).values()
-        tag = self._movers.resources
+        tag = movers.resources
         return max(1, sum(1 for w in workers if w.get("resources", {}).get(tag)))
 
     def _guarded(

@@ -24,8 +24,9 @@ Every step is idempotent, so Dask's rerun of a range after a node died is harmle
 
 The names are the job's temporary names (``localfs.temp_name``), so a later attempt's
 sweep (``planning.remove_stale_temps``) removes what a failed group left, and keeps the
-group still being written. They are not reported as ``TempFile``: a range that fails must
-not remove what its siblings wrote.
+group still being written. They are reported (``temp``) before they are made, so a range
+that is killed or fails has them removed: its siblings are stopped too, and the transfer
+is tried again as a new group.
 """
 
 from __future__ import annotations

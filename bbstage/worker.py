@@ -234,16 +234,16 @@ def _copy_share(
     cancel: threading.Event,
 ) -> None:
     """Share ``spec.shard`` of a one-file transfer: its byte range of a file of at least
-    ``min_size`` bytes (``bbstage.ranges``; to S3, parts of one upload: ``copy_share``);
+    ``min_size`` bytes (``bbstage.ranges``; to S3, a piece of the object: ``copy_share``);
     anything else (a smaller file, a link, a file already in place, a transfer with
     ``checksum=``) share 0 copies whole, alone."""
     shard = spec.shard
     assert shard is not None
     if spec.resumed:
         planning.remove_stale_temps(plan, spec.job_id, shard)
-    if spec.scratch_limit is not None:
-        planning.check_capacity(planning.select(mover, plan, spec.overwrite), spec.scratch_limit)
     chosen = list(planning.select(mover, plan, spec.overwrite))
+    if spec.scratch_limit is not None:
+        planning.check_capacity(chosen, spec.scratch_limit)
     task = chosen[0] if len(chosen) == 1 else None
     least = max(shard.min_size, mover.min_share * shard.count)
     if task is None or task.kind != "file" or task.size < least or spec.checksum != "none":
@@ -258,7 +258,7 @@ def _copy_share(
     def copy(fd: int, start: int, n: int) -> None:
         _with_retries(lambda: mover.copy_range(task, fd, start, n, reporter, cancel), cancel)
 
-    if spec.destination_kind == "s3":  # parts of one multipart upload
+    if spec.destination_kind == "s3":  # a piece of the object, assembled by the last share
         mover.copy_share(task, spec.job_id, shard, reporter, cancel)
     else:
         ranges.write_range(task, spec.job_id, shard, copy, reporter.temp)

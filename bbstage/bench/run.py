@@ -33,13 +33,9 @@ def bench_as(opts: Options, user: str, runner: Any = None) -> dict[str, Any]:
     With ``runner`` (root's: a ``DaskRunner``), the child's timed transfers run through it,
     here, relayed over the pipe (``Relay``); the rest (data set, baselines, clean-up) stays
     the user's."""
-    try:
-        pw = pwd.getpwnam(user)
-    except KeyError:
-        raise BenchError(f"--as-user {user}: no such user") from None
+    identity = _identity(user)
     if os.geteuid() != 0:
         raise BenchError("--as-user needs root")
-    identity = Identity.of(pw.pw_uid, pw.pw_gid)
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
     if runner is not None:
@@ -73,11 +69,7 @@ def bench_dask(opts: Options, user: str | None, client: Any = None) -> dict[str,
             "--engine dask: no Dask cluster in the configuration: set [movers] scheduler,"
             " tls_ca_file, tls_cert and tls_key (docs/scale-out.md)"
         )
-    try:
-        pw = pwd.getpwnam(user)
-    except KeyError:
-        raise BenchError(f"--as-user {user}: no such user") from None
-    runner = DaskRunner(movers_conf, Identity.of(pw.pw_uid, pw.pw_gid), client)
+    runner = DaskRunner(movers_conf, _identity(user), client)
     try:
         out = bench_as(opts, user, runner)
     finally:
@@ -85,6 +77,15 @@ def bench_dask(opts: Options, user: str | None, client: Any = None) -> dict[str,
     out["engine"] = {"name": "dask", "scheduler": movers_conf.scheduler,
                      "nodes": sorted(runner.nodes)}  # fmt: skip
     return out
+
+
+def _identity(user: str) -> Identity:
+    """``user``'s uid, gid and groups; a BenchError naming ``--as-user`` if unknown."""
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise BenchError(f"--as-user {user}: no such user") from None
+    return Identity.of(pw.pw_uid, pw.pw_gid)
 
 
 class Relay:

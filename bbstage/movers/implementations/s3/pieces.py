@@ -139,11 +139,7 @@ class S3Upload(S3ObjectUpload):
     async def _landed(self, bucket: str, key: str, task: FileTask) -> bool:
         """Is ``task``'s file at its destination (this size, this source mtime)?"""
         remote = await self._head_remote(bucket, key)
-        return (
-            remote is not None
-            and remote.size == task.size
-            and (remote.meta or {}).get(MTIME_KEY) == str(task.mtime_ns)
-        )
+        return remote is not None and self._holds(remote, task)
 
     async def _sweep_pieces(self, s3: Any, bucket: str, key: str, job_id: str, group: str) -> None:
         """Remove the pieces an earlier group of this job left for this object."""
@@ -163,12 +159,6 @@ class S3Upload(S3ObjectUpload):
                 )
             except Exception:
                 pass
-
-    async def _abort_quietly(self, s3: Any, bucket: str, key: str, upload_id: str) -> None:
-        try:
-            await self._abort(s3, bucket, key, upload_id)
-        except BaseException:
-            pass
 
 
 def _piece_prefix(key: str, job_id: str) -> str:

@@ -146,9 +146,7 @@ class S3ObjectUpload(_S3Mover):
         remote = self._remote(task)
         if remote is None:
             return None
-        if remote.meta is None or remote.size != task.size or task.mtime_ns is None:
-            return False  # a LIST's size differs (else it was HEADed): not this file
-        if remote.meta.get(MTIME_KEY) != str(task.mtime_ns):
+        if not self._holds(remote, task):
             return False
         if self.checksum:
             stored = remote.meta.get(checksum_key(self.checksum))
@@ -159,6 +157,17 @@ class S3ObjectUpload(_S3Mover):
             except OSError as exc:
                 raise os_error(exc, task.src) from None
         return True
+
+    @staticmethod
+    def _holds(remote: _Remote, task: FileTask) -> bool:
+        """Does the object hold ``task``'s file: the source's size and, in its metadata, the
+        source's mtime? (A LIST gives no metadata: then not, whatever its size.)"""
+        return (
+            remote.meta is not None
+            and remote.size == task.size
+            and task.mtime_ns is not None
+            and remote.meta.get(MTIME_KEY) == str(task.mtime_ns)
+        )
 
     def newer(self, task: FileTask) -> bool:
         """``overwrite=newer`` keeps the object if it was last modified (uploaded) no earlier
@@ -339,10 +348,7 @@ class S3ObjectUpload(_S3Mover):
                 Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
             )
         except BaseException:
-            try:
-                await asyncio.shield(self._abort(s3, bucket, key, upload_id))
-            except BaseException:
-                pass  # the bucket's lifecycle rule cleans up what we could not abort
+            await asyncio.shield(self._abort_quietly(s3, bucket, key, upload_id))
             raise
         finally:
             await self._abort_lost_creates(s3, bucket, key, upload_id, asked, window)
@@ -363,6 +369,13 @@ class S3ObjectUpload(_S3Mover):
         except S3Error as exc:
             if exc.code != "NoSuchUpload":
                 raise
+
+    async def _abort_quietly(self, s3: Any, bucket: str, key: str, upload_id: str) -> None:
+        """``_abort``, best effort: the bucket's lifecycle rule cleans up what we could not."""
+        try:
+            await self._abort(s3, bucket, key, upload_id)
+        except BaseException:
+            pass
 
     async def _abort_lost_creates(
         self,
