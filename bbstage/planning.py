@@ -57,9 +57,26 @@ def below(path: str, tree: bool, limit: int) -> bool:
 
 def select(mover: Mover, tasks: Iterable[FileTask], overwrite: str) -> Iterator[FileTask]:
     """Drop what is already in place, and existing files the ``overwrite`` rule keeps:
-    ``never`` keeps every existing file, ``newer`` one at least as new as its source."""
+    ``never`` keeps every existing file, ``newer`` one at least as new as its source.
+
+    A directory found absent has nothing in it: its entries are not looked up one by one
+    (a fresh destination costs no lookup per file). Only the directories whose entries
+    have not started are remembered (a walk hands each directory's entries on together)."""
+    absent: set[str] = set()  # directories found absent, whose entries may still come
+    parent = None
     for task in tasks:
+        here = os.path.dirname(task.dst)
+        if here != parent:
+            absent.discard(parent)  # type: ignore[arg-type]
+            parent = here
+        if here in absent:
+            if task.kind == "dir":
+                absent.add(task.dst)
+            yield task
+            continue
         state = mover.current(task)
+        if state is None and task.kind == "dir":
+            absent.add(task.dst)
         if state is True:
             continue  # already staged (e.g. before a daemon restart)
         if state is False and task.kind == "file":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -138,3 +139,48 @@ def test_a_resumed_transfer_removes_its_stale_temp_files(tmp_path: Path) -> None
     run_worker(spec(tmp_path / "f", dst / "g", resumed=True))
     assert not stale.exists() and others.exists()
     assert (dst / "g").read_text() == "x"
+
+
+def test_select_looks_up_only_entries_of_directories_that_exist(tmp_path: Path) -> None:
+    """``planning.select`` skips the per-file lookup under a directory found absent, and only
+    there: a partly staged tree still skips its current files and keeps (``never``) the rest."""
+    from bbstage import planning
+    from bbstage.movers.implementations.posix import PosixMover
+
+    src = tmp_path / "src"
+    for d in ("a", "a/sub", "b"):
+        (src / d).mkdir(parents=True)
+        for i in range(3):
+            (src / d / f"f{i}").write_text(f"{d}{i}")
+    dst = tmp_path / "dst"
+
+    class Counting(PosixMover):
+        looked: list[str] = []
+
+        def current(self, task: FileTask) -> bool | None:
+            self.looked.append(task.dst)
+            return super().current(task)
+
+    def plan(mover: Mover, overwrite: str = "always") -> list[FileTask]:
+        tasks = mover.plan(f"{src}/", f"{dst}/", tree=True, glob=False)
+        chosen = []
+        for task in planning.select(mover, tasks, overwrite):
+            if task.kind == "dir":
+                mover.copy(task, Conn(), threading.Event())  # as the walk makes them
+            chosen.append(task)
+        return chosen
+
+    fresh = Counting(MoverOptions())
+    assert len(plan(fresh)) == 13  # 4 directories, 9 files
+    assert fresh.looked == [str(dst)]  # the root only: nothing below an absent directory
+
+    shutil.rmtree(dst)
+    run_worker(spec(f"{src}/a/", f"{dst}/a/"))  # a/ staged, b/ not yet
+    (dst / "a" / "f1").write_text("kept")
+    again = Counting(MoverOptions())
+    again.looked = []
+    chosen = {t.dst for t in plan(again, "never") if t.kind == "file"}
+    assert chosen == {str(dst / "b" / f"f{i}") for i in range(3)}
+    assert (dst / "a" / "f1").read_text() == "kept"
+    assert not any(path.startswith(str(dst / "b") + "/") for path in again.looked)
+    assert len(again.looked) == 10  # the root, a, b, a's 4 entries, a/sub's 3 files
