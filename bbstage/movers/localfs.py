@@ -230,7 +230,7 @@ TMPFILE_MAX = 1 << 20  # larger files get a named temporary file (see atomic_fil
 _FLAGS = os.O_RDWR | os.O_CLOEXEC
 _NO_TMPFILE = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL}  # EISDIR: kernel without it
 _tmpfile = hasattr(os, "O_TMPFILE")
-_proc_fd: tuple[int, int] | None = None  # (pid, fd of /proc/self/fd) for linkat
+_proc_fd: int | None = None  # fd of /proc/self/fd for linkat (reset in a forked child)
 _proc_lock = threading.Lock()
 
 
@@ -263,21 +263,33 @@ def _open_temp(task: FileTask, job_id: str, progress: Progress) -> tuple[int, st
 
 
 def _proc_dir() -> int | None:
-    """An fd on this process's /proc/self/fd (reopened after a fork), or None without /proc."""
+    """An fd on this process's /proc/self/fd, or None without /proc. (A forked child drops
+    its parent's, ``_forget_proc_dir``: no ``getpid`` per file.)"""
     global _proc_fd, _tmpfile
-    pid = os.getpid()
     cached = _proc_fd
-    if cached is not None and cached[0] == pid:
-        return cached[1]
+    if cached is not None:
+        return cached
     with _proc_lock:
-        if _proc_fd is None or _proc_fd[0] != pid:
+        if _proc_fd is None:
             try:
-                fd = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                _proc_fd = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except OSError:
                 _tmpfile = False
                 return None
-            _proc_fd = (pid, fd)
-        return _proc_fd[1]
+        return _proc_fd
+
+
+def _forget_proc_dir() -> None:
+    """In a forked child: the parent's /proc/self/fd handle names the parent's fds."""
+    global _proc_fd, _proc_lock
+    _proc_lock = threading.Lock()  # another thread may have held it at the fork
+    if _proc_fd is not None:
+        with _quiet():
+            os.close(_proc_fd)
+        _proc_fd = None
+
+
+os.register_at_fork(after_in_child=_forget_proc_dir)
 
 
 def _link_into_place(fd: int, task: FileTask, job_id: str, progress: Progress) -> str | None:
