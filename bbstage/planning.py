@@ -12,8 +12,18 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 
+from bbstage import retrying
 from bbstage.movers import FileTask, Mover, TransferError, localfs
-from bbstage.transfer import Planned, ScratchLimit, Shard
+from bbstage.transfer import Planned, ScratchLimit, Shard, TransferSpec
+
+
+def plan(mover: Mover, spec: TransferSpec, cancel: threading.Event) -> Iterable[FileTask]:
+    """The mover's plan of ``spec`` (a list, or a lazy walk read once); transient errors
+    retried."""
+    return retrying.with_retries(  # type: ignore[no-any-return]
+        lambda: mover.plan(spec.source, spec.destination, tree=spec.tree, glob=spec.glob),
+        cancel,
+    )
 
 
 def in_shard(dst: str, shard: Shard) -> bool:
@@ -163,12 +173,13 @@ class Walk:
 
     def _run(self) -> None:
         try:
-            self._walk()
+            self.walk()
         except BaseException as exc:
             self.error = exc
-        self._put(_END, force=True)
+        self.hand_on(_END, force=True)
 
-    def _walk(self) -> None:
+    def walk(self) -> None:
+        """Read the plan and hand it on (``hand_on``), making directories on the way."""
         files = nbytes = chunk_bytes = 0
         chunk: list[FileTask] = []
         last = time.monotonic()
@@ -190,17 +201,17 @@ class Walk:
                 self.mover.prefetch(task)
             chunk.append(task)
             if len(chunk) >= self.chunk_files or chunk_bytes >= self.chunk_bytes:
-                if not self._put(chunk):
+                if not self.hand_on(chunk):
                     return
                 chunk, chunk_bytes = [], 0
                 if time.monotonic() - last >= REPORT_EVERY:
                     last = time.monotonic()
                     self.send(Planned(nbytes, files, final=False))
-        if chunk and not self._put(chunk):
+        if chunk and not self.hand_on(chunk):
             return
         self.send(Planned(nbytes, files))
 
-    def _put(self, chunk: list[FileTask] | None, force: bool = False) -> bool:
+    def hand_on(self, chunk: list[FileTask] | None, force: bool = False) -> bool:
         """Hand ``chunk`` on, waiting for room; False if the copy ended first. ``force``
         (the end mark) makes room if the copy no longer reads."""
         while True:

@@ -1,8 +1,9 @@
 """Transfers, run in a worker process that has dropped to the job owner's identity.
 
 The parent (``bbstage.executor``) sends a ``TransferSpec``; the worker walks the source in
-one thread, a bounded window ahead of the threads that copy many files (or the chunks of one
-big file) concurrently, so memory does not grow with the number of files; it reports events
+one thread (a big POSIX tree in a process of its own, ``bbstage.walkproc``), a bounded
+window ahead of the threads that copy many files (or the chunks of one big file)
+concurrently, so memory does not grow with the number of files; it reports events
 over a pipe (``bbstage.transfer``): ``Planned`` as the walk goes and ``final`` when it ends,
 ``Moved`` now and then, ``TempFile``/``TempsSettled``, then one of ``Done`` (the manifest:
 what it committed, counted file by file) or ``Failed``. Then it waits for the next spec of
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from bbstage import movers, planning, ranges
+from bbstage import movers, planning, ranges, retrying, walkproc
 from bbstage.identity import Identity
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, localfs
 from bbstage.transfer import (
@@ -35,8 +36,6 @@ from bbstage.transfer import (
     TransferSpec,
 )
 
-RETRIES = 5
-BACKOFF_CAP = 8.0
 _REPORT_EVERY = 0.25
 IDLE_EXIT = 120.0  # a worker left idle this long exits (the executor retires it sooner)
 READ_AHEAD_FILES = 2048  # the walk (and its prefetch) runs at most this far ahead of the copy
@@ -205,7 +204,7 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
     )
     mover = movers.get(spec.source_kind, spec.destination_kind)(options)
     try:
-        tasks = _plan(mover, spec, cancel)
+        tasks = planning.plan(mover, spec, cancel)
         again = isinstance(tasks, Sequence)  # a list is read again; a walk is started anew
         budget = None
         if spec.shard is not None and spec.shard.group:
@@ -213,15 +212,16 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
         # First passes, before anything is copied; they keep counts, never the plan.
         if spec.resumed:
             planning.remove_stale_temps(tasks, spec.job_id, spec.shard)
-            tasks = tasks if again else _plan(mover, spec, cancel)
+            tasks = tasks if again else planning.plan(mover, spec, cancel)
         if spec.scratch_limit is not None:  # the whole tree must fit, whichever the shard
             chosen = planning.select(mover, tasks, spec.overwrite)
             budget = planning.check_capacity(chosen, spec.scratch_limit)
-            tasks = tasks if again else _plan(mover, spec, cancel)
-        mine = planning.only(tasks, spec.shard)
-        _copy_all(
-            mover, planning.select(mover, mine, spec.overwrite), reporter, cancel, None, budget
-        )
+            tasks = tasks if again else planning.plan(mover, spec, cancel)
+        chosen = planning.select(mover, planning.only(tasks, spec.shard), spec.overwrite)
+        apart = None
+        if walkproc.wanted(mover, spec):  # its process plans and selects on its own
+            apart = walkproc.Request(spec, options, budget, READ_AHEAD_FILES, READ_AHEAD_BYTES)
+        _copy_all(mover, chosen, reporter, cancel, None, budget, apart)
     finally:
         mover.close()
 
@@ -256,21 +256,15 @@ def _copy_share(
     reporter.send(Planned(count, files))
 
     def copy(fd: int, start: int, n: int) -> None:
-        _with_retries(lambda: mover.copy_range(task, fd, start, n, reporter, cancel), cancel)
+        retrying.with_retries(
+            lambda: mover.copy_range(task, fd, start, n, reporter, cancel), cancel
+        )
 
     if spec.destination_kind == "s3":  # a piece of the object, assembled by the last share
         mover.copy_share(task, spec.job_id, shard, reporter, cancel)
     else:
         ranges.write_range(task, spec.job_id, shard, copy, reporter.temp)
     reporter.range_done(task, count, files)
-
-
-def _plan(mover: Mover, spec: TransferSpec, cancel: threading.Event) -> Iterable[FileTask]:
-    """The mover's plan (a list, or a lazy walk read once); transient errors retried."""
-    return _with_retries(  # type: ignore[no-any-return]
-        lambda: mover.plan(spec.source, spec.destination, tree=spec.tree, glob=spec.glob),
-        cancel,
-    )
 
 
 def _copy_all(
@@ -280,28 +274,34 @@ def _copy_all(
     cancel: threading.Event,
     threads: int | None = None,
     budget: int | None = None,
+    apart: walkproc.Request | None = None,
 ) -> None:
-    """Copy the plan as it is walked (``planning.Walk``): directories by the walk, in order, before
-    anything in them; files and links by ``threads`` threads (None: ``mover.streams`` of the
-    first chunk) taking them one at a time, each chunk interleaved across directories when
-    several threads copy (concurrent creates in one directory wait on its lock). A mover
-    with its own concurrency (``copy_many``) gets batches of up to ``BATCH`` entries. The
-    first failure cancels the rest and is raised."""
+    """Copy the plan as it is walked (``planning.Walk``; with ``apart``, in the walk's
+    process, ``walkproc.WalkApart``, which plans on its own, ``tasks`` unread): directories
+    by the walk, in order, before anything in them; files and links by ``threads`` threads
+    (None: ``mover.streams`` of the first chunk) taking them one at a time, each chunk
+    interleaved across directories when several threads copy (concurrent creates in one
+    directory wait on its lock). A mover with its own concurrency (``copy_many``) gets
+    batches of up to ``BATCH`` entries. The first failure cancels the rest and is raised."""
     batched = type(mover).copy_many is not Mover.copy_many
 
     def make_dir(task: FileTask) -> None:
-        _with_retries(lambda: mover.copy(task, reporter, cancel), cancel)
+        retrying.with_retries(lambda: mover.copy(task, reporter, cancel), cancel)
 
-    walk = planning.Walk(
-        mover,
-        tasks,
-        reporter.send,
-        cancel,
-        make_dir=None if batched else make_dir,
-        budget=budget,
-        files_ahead=READ_AHEAD_FILES,
-        bytes_ahead=READ_AHEAD_BYTES,
-    )
+    walk: planning.Walk | walkproc.WalkApart
+    if apart is not None:
+        walk = walkproc.WalkApart(apart, reporter.send)
+    else:
+        walk = planning.Walk(
+            mover,
+            tasks,
+            reporter.send,
+            cancel,
+            make_dir=None if batched else make_dir,
+            budget=budget,
+            files_ahead=READ_AHEAD_FILES,
+            bytes_ahead=READ_AHEAD_BYTES,
+        )
     with walk:
         chunks = walk.chunks()
         if batched:
@@ -341,7 +341,7 @@ def _copy_threads(
                 if task is None:
                     return
                 started = time.perf_counter()
-                _with_retries(lambda t=task: mover.copy(t, reporter, cancel), cancel)
+                retrying.with_retries(lambda t=task: mover.copy(t, reporter, cancel), cancel)
                 if task.kind == "file":
                     reporter.file_done(task, time.perf_counter() - started)
             except BaseException as exc:
@@ -400,33 +400,18 @@ def _copy_batch(
             reporter.file_done(task)
 
     delay = 0.2
-    for attempt in range(RETRIES + 1):
+    for attempt in range(retrying.RETRIES + 1):
         failed = mover.copy_many(tasks, reporter, cancel, done)
         if not failed:
             return
         errors = list(failed.values())
         permanent = [e for e in errors if e.permanent]
-        if permanent or attempt == RETRIES or cancel.is_set():
+        if permanent or attempt == retrying.RETRIES or cancel.is_set():
             raise (permanent or errors)[0]
         if cancel.wait(delay):
             raise movers.Cancelled()
-        delay = min(delay * 2, BACKOFF_CAP)
+        delay = min(delay * 2, retrying.BACKOFF_CAP)
         tasks = list(failed)
-
-
-def _with_retries(action: Any, cancel: threading.Event) -> Any:
-    """Run ``action``; retry transient errors with capped exponential backoff."""
-    delay = 0.2
-    for attempt in range(RETRIES + 1):
-        try:
-            return action()
-        except (TransferError, OSError) as exc:
-            err = exc if isinstance(exc, TransferError) else movers.base.os_error(exc)
-            if err.permanent or attempt == RETRIES or cancel.is_set():
-                raise err from None
-        if cancel.wait(delay):
-            raise movers.Cancelled()
-        delay = min(delay * 2, BACKOFF_CAP)
 
 
 def cleanup(paths: list[str], identity: Identity) -> None:

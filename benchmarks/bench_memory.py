@@ -46,7 +46,8 @@ GOAL = {"max_mb": 150, "max_growth": 1.2, "min_files_ratio": 1.3}
 def processes(daemon: int) -> dict[int, str]:
     """The daemon and every process under it, each named: ``daemon``, ``forkserver`` (its
     child that forks the workers), ``worker`` (a child of the forkserver) or ``other``
-    (e.g. multiprocessing's resource tracker)."""
+    (e.g. multiprocessing's resource tracker), ``walk`` (a worker's child: the process that
+    walks a POSIX tree, ``planning.WalkApart``; counted with the worker)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -66,6 +67,8 @@ def processes(daemon: int) -> dict[int, str]:
         found[child] = "forkserver" if forkserver else "other"
         for grandchild in children.get(child, []) if forkserver else []:
             found[grandchild] = "worker"
+            for walk in children.get(grandchild, []):
+                found[walk] = "walk"
     return found
 
 
@@ -94,7 +97,7 @@ def high_water_marks(daemon: int) -> dict[str, int]:
         except (OSError, StopIteration):
             continue
         marks[kind] = marks.get(kind, 0) + hwm
-    marks["daemon_worker"] = marks.get("daemon", 0) + marks.get("worker", 0)
+    marks["daemon_worker"] = sum(marks.get(kind, 0) for kind in ("daemon", "worker", "walk"))
     return marks
 
 
@@ -121,7 +124,8 @@ class Sampler:
                 total_rss, total_pss = total_rss + rss, total_pss + pss
             for kind, rss in rss_by.items():
                 self._max(f"{kind}_rss", rss)
-            self._max("daemon_worker_rss", rss_by.get("daemon", 0) + rss_by.get("worker", 0))
+            ours = sum(rss_by.get(kind, 0) for kind in ("daemon", "worker", "walk"))
+            self._max("daemon_worker_rss", ours)
             self._max("all_rss", total_rss)
             self._max("all_pss", total_pss)
             self.stop.wait(SAMPLE_EVERY)

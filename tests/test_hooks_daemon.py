@@ -212,6 +212,7 @@ def test_kill_9_mid_stage_in_then_restart_completes(area: Path) -> None:
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     wait_until(lambda: dst.exists() and len(list(dst.iterdir())) >= 50, 60, "50 files staged")
+    assert walks(uid), "3,000 entries: the worker walks them in a process of its own"
     d.kill()  # returns once the process has ended; start_daemon waits for the new one
     d2 = start_daemon(area / "d")
     try:
@@ -220,8 +221,23 @@ def test_kill_9_mid_stage_in_then_restart_completes(area: Path) -> None:
         assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in data.iterdir())
         for p in data.iterdir():
             assert file_digest(dst / p.name) == file_digest(p)
+        wait_until(lambda: not walks(uid), 10, "no walk process left")
     finally:
         d2.stop()
+
+
+def walks(uid: int) -> list[int]:
+    """The processes of ``uid`` walking a tree for a worker (``bbstage.walkproc``)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            owner = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            continue
+        if owner == uid and b"bbstage.walkproc" in cmdline:
+            found.append(int(pid))
+    return found
 
 
 def test_status_is_private(daemon: Daemon, area: Path) -> None:

@@ -93,6 +93,7 @@ class Mover(ABC):
     when complete and verified. ``exists`` tells whether a destination is already current.
     """
 
+    walk_apart = False  # walk a big tree in a process of its own (``bbstage.walkproc``)
     min_share = 0  # bytes: a share of one file split across nodes is at least this big
 
     def __init__(self, options: MoverOptions) -> None:

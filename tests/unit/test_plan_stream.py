@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bbstage import executor, planning, worker
+from bbstage import executor, planning, walkproc, worker
 from bbstage.movers import FileTask, Mover, MoverOptions
 from bbstage.movers.implementations import posix
 from bbstage.transfer import Done, Failed, Planned, TempFile, TransferSpec
@@ -67,6 +67,7 @@ def test_planned_is_final_once_the_walk_ended_and_before_done(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(planning, "REPORT_EVERY", 0.0)  # the counts so far at every chunk
+    monkeypatch.setattr(walkproc, "MANY", 10**9)  # walked by a thread, which sees the 0.0
     src = make_tree(tmp_path / "src", 3000, 10, sub="s")
     events = transfer(spec(f"{src}/", f"{tmp_path}/dst/"))
     plans = [e for e in events if isinstance(e, Planned)]
@@ -136,7 +137,7 @@ def test_a_tree_that_changes_while_it_is_walked(
     src = tmp_path / "src"
     for name in ("a", "b", "c"):
         make_tree(src / name, 200, 1000, fill="rotated")
-    walk = planning.Walk.__dict__["_walk"]
+    walk = planning.Walk.__dict__["walk"]
     seen: list[str] = []
 
     def changing(self: planning.Walk) -> None:
@@ -153,7 +154,7 @@ def test_a_tree_that_changes_while_it_is_walked(
         self.tasks = watch()
         walk(self)
 
-    monkeypatch.setattr(planning.Walk, "_walk", changing)
+    monkeypatch.setattr(planning.Walk, "walk", changing)
     events = transfer(spec(f"{src}/", f"{tmp_path}/dst/"))
     final = [e for e in events if isinstance(e, Planned) and e.final]
     assert len(final) == 1 and isinstance(events[-1], Done)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bbstage import worker
+from bbstage import retrying, worker
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
 from bbstage.transfer import Planned, ScratchLimit, TransferSpec
 from tests.helpers import Conn, run_worker
@@ -49,7 +49,7 @@ def test_overwrite_never_keeps_an_existing_file(tmp_path: Path) -> None:
 
 
 def test_transient_errors_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker, "BACKOFF_CAP", 0.01)
+    monkeypatch.setattr(retrying, "BACKOFF_CAP", 0.01)
     calls = []
 
     def flaky() -> str:
@@ -58,7 +58,7 @@ def test_transient_errors_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
             raise TransferError("connection reset", permanent=False)
         return "ok"
 
-    assert worker._with_retries(flaky, threading.Event()) == "ok"
+    assert retrying.with_retries(flaky, threading.Event()) == "ok"
     assert len(calls) == 3
 
 
@@ -70,7 +70,7 @@ def test_permanent_errors_are_not_retried() -> None:
         raise PermissionError(13, "Permission denied", "/secret")
 
     with pytest.raises(TransferError, match="permission denied: /secret"):
-        worker._with_retries(denied, threading.Event())
+        retrying.with_retries(denied, threading.Event())
     assert len(calls) == 1
 
 
