@@ -85,7 +85,7 @@ class WalkApart:
             COMMAND,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": _HOME},  # the worker's own bbstage, nothing else
+            env={**os.environ, "PYTHONPATH": _pythonpath()},
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._credits, self._in = self.proc.stdin, self.proc.stdout
@@ -124,6 +124,11 @@ class WalkApart:
                 return
             else:  # the process died (killed?) before the end
                 raise TransferError("the walk of the source ended early", permanent=False)
+
+
+def _pythonpath() -> str:
+    """The worker's own bbstage first (not another install's), then what the worker had."""
+    return os.pathsep.join(filter(None, [_HOME, os.environ.get("PYTHONPATH")]))
 
 
 class _Sending(planning.Walk):

@@ -127,34 +127,30 @@ def test_the_executor_keeps_only_the_temp_files_in_use(
     assert tree_digests(old) == tree_digests(src)
 
 
+@pytest.mark.parametrize("apart", [False, True], ids=["walk-thread", "walk-process"])
 def test_a_tree_that_changes_while_it_is_walked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, apart: bool
 ) -> None:
     """Files added where the walk has not been yet are staged, those added where it has
     been are not; either way the manifest covers the final plan and every staged file
-    holds its source's bytes, with no temporary file left."""
+    holds its source's bytes, with no temporary file left. The walk runs in a thread or in
+    a process of its own (``bbstage.walkproc``); the copy, a window behind it, adds them."""
     monkeypatch.setattr(worker, "READ_AHEAD_FILES", 32)  # the walk stays close to the copy
+    monkeypatch.setattr(walkproc, "MANY", 0 if apart else 10**9)
     src = tmp_path / "src"
     for name in ("a", "b", "c"):
         make_tree(src / name, 200, 1000, fill="rotated")
-    walk = planning.Walk.__dict__["walk"]
-    seen: list[str] = []
+    copy, order = posix.PosixMover.copy, []
 
-    def changing(self: planning.Walk) -> None:
-        tasks = self.tasks
+    def changing(self: Any, task: FileTask, progress: Any, cancel: threading.Event) -> None:
+        if task.kind == "file":
+            order.append(Path(task.src).parent.name)
+            if len(order) == 250:  # the walk is in the second directory it reads
+                for name in ("a", "b", "c"):
+                    (src / name / "late").write_bytes(os.urandom(3000))
+        copy(self, task, progress, cancel)
 
-        def watch() -> Any:
-            for task in tasks:
-                seen.append(task.src)
-                if len(seen) == 250:  # the walk is in the second directory it reads
-                    for name in ("a", "b", "c"):
-                        (src / name / "late").write_bytes(os.urandom(3000))
-                yield task
-
-        self.tasks = watch()
-        walk(self)
-
-    monkeypatch.setattr(planning.Walk, "walk", changing)
+    monkeypatch.setattr(posix.PosixMover, "copy", changing)
     events = transfer(spec(f"{src}/", f"{tmp_path}/dst/"))
     final = [e for e in events if isinstance(e, Planned) and e.final]
     assert len(final) == 1 and isinstance(events[-1], Done)
@@ -162,7 +158,6 @@ def test_a_tree_that_changes_while_it_is_walked(
     staged = tree_digests(tmp_path / "dst")
     for rel, digest in staged.items():
         assert file_digest(src / rel) == digest, rel
-    order = [Path(p).parent.name for p in seen if Path(p).parent.parent == src]
     first, last = order[0], order[-1]
     assert f"{first}/late" not in staged  # its directory was read before the file came
     assert f"{last}/late" in staged  # read after it came

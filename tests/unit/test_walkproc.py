@@ -1,7 +1,7 @@
 """The walk in a process of its own (issue 17, goal 2): a big POSIX tree is walked by a
 fresh interpreter beside the copy. It stays a bounded window ahead, its errors (and its
 death) fail the transfer as they would in a thread, it honours the scratch budget, and it
-never outlives the copy."""
+never outlives the copy. (A tree changing while it is walked: ``test_plan_stream``.)"""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from bbstage import walkproc, worker
 from bbstage.movers import FileTask
 from bbstage.movers.implementations import posix
 from bbstage.transfer import Done, Failed, Planned, ScratchLimit, TransferSpec
-from tests.helpers import Conn, file_digest, make_tree, tree_digests
+from tests.helpers import Conn, make_tree, tree_digests
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -117,41 +117,6 @@ def test_the_walk_stays_a_window_ahead_of_the_copy(
     assert 10 < made < 100, f"the walk ran {made} directories ahead of a stalled copy"
     assert depth() == 300
     assert tree_digests(tmp_path / "dst") == tree_digests(src)
-
-
-def test_a_tree_that_changes_while_it_is_walked_apart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, walks: list[subprocess.Popen[bytes]]
-) -> None:
-    """Files added where the walk has not been yet are staged, those added where it has
-    been are not; the manifest covers the final plan, every staged file holds its source's
-    bytes, no temporary file is left. (The copy, a window behind the walk, adds them.)"""
-    monkeypatch.setattr(worker, "READ_AHEAD_FILES", 32)  # the walk stays close to the copy
-    src = tmp_path / "src"
-    for name in ("a", "b", "c"):
-        make_tree(src / name, 200, 1000, fill="rotated")
-    copy, order = posix.PosixMover.copy, []
-
-    def changing(self: Any, task: FileTask, progress: Any, cancel: threading.Event) -> None:
-        if task.kind == "file":
-            order.append(Path(task.src).parent.name)
-            if len(order) == 250:  # the walk is in the second directory it reads
-                for name in ("a", "b", "c"):
-                    (src / name / "late").write_bytes(os.urandom(3000))
-        copy(self, task, progress, cancel)
-
-    monkeypatch.setattr(posix.PosixMover, "copy", changing)
-    events = transfer(spec(src, tmp_path / "dst"))
-    final = [e for e in events if isinstance(e, Planned) and e.final]
-    assert len(final) == 1 and isinstance(events[-1], Done) and len(walks) == 1
-    assert events[-1].files == final[0].files and events[-1].bytes == final[0].bytes
-    staged = tree_digests(tmp_path / "dst")
-    for rel, digest in staged.items():
-        assert file_digest(src / rel) == digest, rel
-    first, last = order[0], order[-1]
-    assert f"{first}/late" not in staged  # its directory was read before the file came
-    assert f"{last}/late" in staged  # read after it came
-    assert final[0].files == len(staged) == 600 + len([d for d in "abc" if f"{d}/late" in staged])
-    assert list((tmp_path / "dst").rglob("*.part")) == []
 
 
 def test_an_error_of_the_walk_fails_the_transfer(
@@ -250,3 +215,12 @@ def test_the_walk_ends_with_its_worker(tmp_path: Path, ahead: int) -> None:
         time.sleep(0.05)
     os.kill(child, signal.SIGKILL)
     raise AssertionError("the walk's process outlived its worker")
+
+
+def test_the_walk_imports_the_workers_own_bbstage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its PYTHONPATH puts the worker's bbstage first and keeps what the worker had (a
+    site's libraries may be found that way)."""
+    monkeypatch.setenv("PYTHONPATH", "/opt/site-libs")
+    assert walkproc._pythonpath() == f"{ROOT}{os.pathsep}/opt/site-libs"
+    monkeypatch.delenv("PYTHONPATH")
+    assert walkproc._pythonpath() == ROOT
