@@ -49,20 +49,33 @@ def below(path: str, tree: bool, limit: int) -> bool:
     try:
         if not tree:
             return os.stat(path).st_size < limit
-        total, seen, stack = 0, 0, [path]
-        while stack:
-            with os.scandir(stack.pop()) as entries:
-                for entry in entries:
-                    seen += 1
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-                    else:
-                        total += entry.stat(follow_symlinks=False).st_size
-                    if total >= limit or seen > PROBE_ENTRIES:
-                        return False
+        total = 0
+        for seen, entry in enumerate(entries(path), 1):
+            if not entry.is_dir(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+            if total >= limit or seen > PROBE_ENTRIES:
+                return False
         return True
     except OSError:
         return False
+
+
+def entries(root: str) -> Iterator[os.DirEntry[str]]:
+    """Every entry under the directory ``root``, depth first, links not followed (for a
+    count or a hint: no ``stat`` unless the caller asks one); raises ``OSError``."""
+    stack = [root]
+    while stack:
+        with os.scandir(stack.pop()) as found:
+            for entry in found:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                yield entry
+
+
+def chosen(mover: Mover, tasks: Iterable[FileTask], spec: TransferSpec) -> Iterator[FileTask]:
+    """What of the plan ``tasks`` ``spec`` copies: its shard's share (``only``), less what
+    is in place or kept (``select``). The worker's walk and the walk's process both ask."""
+    return select(mover, only(tasks, spec.shard), spec.overwrite)
 
 
 def select(mover: Mover, tasks: Iterable[FileTask], overwrite: str) -> Iterator[FileTask]:

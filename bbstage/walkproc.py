@@ -59,19 +59,10 @@ def wanted(mover: Mover, spec: TransferSpec) -> bool:
 def _more_than(root: str, limit: int) -> bool:
     """Does the tree at ``root`` hold more than ``limit`` entries? (No ``stat``: the types
     come with the directory entries.)"""
-    seen, stack = 0, [root]
     try:
-        while stack:
-            with os.scandir(stack.pop()) as entries:
-                for entry in entries:
-                    seen += 1
-                    if seen > limit:
-                        return True
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
+        return any(seen > limit for seen, _ in enumerate(planning.entries(root), 1))
     except OSError:
-        pass  # the walk will meet it and say so
-    return False
+        return False  # the walk will meet it and say so
 
 
 class WalkApart:
@@ -137,8 +128,7 @@ class _Sending(planning.Walk):
     def __init__(self, request: Request, out: IO[bytes], credits: IO[bytes]) -> None:
         spec, cancel = request.spec, threading.Event()
         mover = movers.get(spec.source_kind, spec.destination_kind)(request.options)
-        tasks = planning.plan(mover, spec, cancel)
-        chosen = planning.select(mover, planning.only(tasks, spec.shard), spec.overwrite)
+        chosen = planning.chosen(mover, planning.plan(mover, spec, cancel), spec)
 
         def make_dir(task: FileTask) -> None:
             retrying.with_retries(lambda: mover.copy(task, _NO_PROGRESS, cancel), cancel)

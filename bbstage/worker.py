@@ -217,7 +217,7 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
             chosen = planning.select(mover, tasks, spec.overwrite)
             budget = planning.check_capacity(chosen, spec.scratch_limit)
             tasks = tasks if again else planning.plan(mover, spec, cancel)
-        chosen = planning.select(mover, planning.only(tasks, spec.shard), spec.overwrite)
+        chosen = planning.chosen(mover, tasks, spec)
         apart = None
         if walkproc.wanted(mover, spec):  # its process plans and selects on its own
             apart = walkproc.Request(spec, options, budget, READ_AHEAD_FILES, READ_AHEAD_BYTES)

@@ -40,6 +40,7 @@ from tests.hookharness import script, start_daemon, user_ids
 NAME = "memory"
 SAMPLE_EVERY = 0.05
 STATUS_TIMES = 4  # `bbstage status` calls timed while the transfer runs
+OURS = ("daemon", "worker", "walk")  # the goal's processes: daemon + worker (+ its walk)
 GOAL = {"max_mb": 150, "max_growth": 1.2, "min_files_ratio": 1.3}
 
 
@@ -47,7 +48,7 @@ def processes(daemon: int) -> dict[int, str]:
     """The daemon and every process under it, each named: ``daemon``, ``forkserver`` (its
     child that forks the workers), ``worker`` (a child of the forkserver) or ``other``
     (e.g. multiprocessing's resource tracker), ``walk`` (a worker's child: the process that
-    walks a POSIX tree, ``planning.WalkApart``; counted with the worker)."""
+    walks a big POSIX tree, ``bbstage.walkproc``; counted with the worker)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -97,7 +98,7 @@ def high_water_marks(daemon: int) -> dict[str, int]:
         except (OSError, StopIteration):
             continue
         marks[kind] = marks.get(kind, 0) + hwm
-    marks["daemon_worker"] = sum(marks.get(kind, 0) for kind in ("daemon", "worker", "walk"))
+    marks["daemon_worker"] = sum(marks.get(kind, 0) for kind in OURS)
     return marks
 
 
@@ -124,8 +125,7 @@ class Sampler:
                 total_rss, total_pss = total_rss + rss, total_pss + pss
             for kind, rss in rss_by.items():
                 self._max(f"{kind}_rss", rss)
-            ours = sum(rss_by.get(kind, 0) for kind in ("daemon", "worker", "walk"))
-            self._max("daemon_worker_rss", ours)
+            self._max("daemon_worker_rss", sum(rss_by.get(kind, 0) for kind in OURS))
             self._max("all_rss", total_rss)
             self._max("all_pss", total_pss)
             self.stop.wait(SAMPLE_EVERY)
