@@ -2,10 +2,12 @@
 with ``tests/s3fault.py`` in front of it for cut and failed ranges: the parts land at their
 offsets of one temporary file (bytes hashed), a cut range resumes where it stopped, a range
 that keeps failing leaves nothing under the final name, and no attempt trusts another's
-temporary file. Each through botocore's streamed ranges and through obstore's (s3/fast.py)."""
+temporary file. Each through botocore's streamed ranges and through ``direct``'s (http.client
+in a thread, straight into the file: s3/direct.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -15,7 +17,7 @@ import boto3
 import pytest
 
 from bbstage.movers import TransferError
-from bbstage.movers.implementations.s3 import download, fast
+from bbstage.movers.implementations.s3 import direct, download, fast
 from bbstage.transfer import TransferSpec
 from tests.helpers import Conn, file_digest, run_worker
 from tests.s3fault import FaultProxy
@@ -48,9 +50,9 @@ def fetch(url: str, dst: Path, endpoint: str, **s3: Any) -> Conn:
     return run_worker(TransferSpec.between(url, str(dst), job_id="r", extra=extra))
 
 
-@pytest.fixture(autouse=True, params=["botocore", "obstore"])
+@pytest.fixture(autouse=True, params=["botocore", "direct"])
 def client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which client fetches the ranges."""
+    """Which client fetches the ranges (``direct`` comes with obstore's ``FastS3``)."""
     if request.param == "botocore":
         monkeypatch.setattr(
             fast.FastS3, "available", staticmethod(lambda settings, endpoint: False)
@@ -133,15 +135,27 @@ def test_ranges_of_a_replaced_object_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Ranges that come from two versions of the object (another ETag) never make a file."""
-    real = fast.FastS3.open
 
-    async def replaced(self: Any, bucket: str, key: str, start: int, end: int | None) -> Any:
-        body = await real(self, bucket, key, start, end)
-        if start != 0:
-            body.etag = '"another"'
-        return body
+    def another(resp: dict[str, Any], start: int) -> dict[str, Any]:
+        return {**resp, "ETag": '"another"'} if start != 0 else resp
 
-    monkeypatch.setattr(fast.FastS3, "open", replaced)
+    real_get, real_direct = download.S3Download._get, direct.DirectGet.get
+
+    @contextlib.asynccontextmanager
+    async def get(self: Any, task: Any, start: int, end: int | None) -> Any:
+        async with real_get(self, task, start, end) as (resp, chunks):
+            yield another(resp, start), chunks
+
+    async def direct_get(
+        self: Any, bucket: str, key: str, fd: int, reached: Any, end: Any, check: Any, *a: Any
+    ) -> None:  # type: ignore[no-untyped-def]
+        start = reached.pos
+        await real_direct(
+            self, bucket, key, fd, reached, end, lambda r: check(another(r, start)), *a
+        )
+
+    monkeypatch.setattr(download.S3Download, "_get", get)
+    monkeypatch.setattr(direct.DirectGet, "get", direct_get)
     bucket, _ = big
     dst = tmp_path / "copy"
     with pytest.raises(TransferError, match="changed while staging"):
@@ -161,3 +175,30 @@ def test_a_cut_stream_resumes_where_it_stopped(
     assert proxy.stats.truncate > 0
     assert ranges == [(0, SIZE)]  # one stream, resumed inside it
     assert file_digest(dst) == file_digest(src)
+
+
+def test_the_file_is_written_in_pieces_of_at_most_write_bytes(
+    tmp_path: Path,
+    endpoint: str,
+    big: tuple[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    client: str,
+) -> None:
+    """Streamed chunks (botocore's: 1 MiB) and ranges reach the file in writes of at most
+    ``download._WRITE`` bytes (bigger ones cost ~5x the CPU on ext4: docs/performance.md;
+    ``direct`` reads and writes ``direct.PIECE``), and the pieces make up the object."""
+    bucket, src = big
+    sizes: list[int] = []
+    real = os.pwrite
+
+    def spy(fd: int, data: Any, offset: int) -> int:
+        sizes.append(len(data))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(download.os, "pwrite", spy)
+    for parts in (1, 4):
+        dst = tmp_path / f"copy{parts}"
+        fetch(f"s3://{bucket}/big", dst, endpoint, download_concurrency=parts)
+        assert file_digest(dst) == file_digest(src)
+    assert sum(sizes) == 2 * SIZE
+    assert max(sizes) == (download._WRITE if client == "botocore" else direct.PIECE)

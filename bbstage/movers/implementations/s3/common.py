@@ -18,6 +18,7 @@ from bbstage.movers.base import (
     Progress,
     TransferError,
 )
+from bbstage.movers.implementations.s3.direct import DirectGet
 from bbstage.movers.implementations.s3.errors import S3Error, _user, translate
 from bbstage.movers.implementations.s3.fast import FastS3, is_obstore_error, translate_obstore
 from bbstage.movers.implementations.s3.settings import S3Settings
@@ -59,6 +60,7 @@ class _S3Mover(Mover):
         self._client: Any = None
         self._part_slots: asyncio.Semaphore | None = None
         self.fast: FastS3 | None = None  # small whole-object GETs/PUTs (s3/fast.py)
+        self.direct: DirectGet | None = None  # big GETs straight into the file (s3/direct.py)
 
     # The filesystem and client are built lazily, on the loop, in the worker's identity.
     def _filesystem(self) -> Any:
@@ -75,6 +77,8 @@ class _S3Mover(Mover):
                 creds = self._creds if not self.profile else None
                 session = self._filesystem().session
                 self.fast = FastS3(self._client, session, creds, self.settings)
+                if DirectGet.available(self.endpoint or ""):
+                    self.direct = DirectGet(self.fast)
         return self._client
 
     def _run(self, make: Callable[[], Awaitable[T]], cancel: threading.Event | None = None) -> T:

@@ -1,26 +1,25 @@
 """S3 requests through ``obstore`` (Rust): a GET or PUT there costs the client about a third
 of botocore's CPU (docs/performance.md), and with 2 CPUs shared by client and store, client
-CPU is throughput. GETs (whole small objects, and the streamed or ranged GETs of big ones)
-and single PUTs go this way when there is no ``checksum=`` (it needs ``Content-MD5``, the
-ETag check and the object's metadata, which stay botocore's); listing, HEAD and multipart
-uploads stay botocore's too. Same endpoint, region, addressing, TLS settings and the very
-credentials the botocore client resolved (the user's profile or mapped keys), re-read before
-every request so that refreshed temporary credentials are used. Without obstore installed,
-against AWS itself, or with virtual-hosted addressing, the movers use botocore for everything.
+CPU is throughput. Whole small objects' GETs and single PUTs go this way when there is no
+``checksum=`` (it needs ``Content-MD5``, the ETag check and the object's metadata, which
+stay botocore's); big GETs go straight into the file (``direct``, with these credentials);
+listing, HEAD and multipart uploads stay botocore's. Same endpoint, region, addressing,
+TLS settings and the very credentials the botocore client resolved (the user's profile or
+mapped keys), re-read before every request so that refreshed temporary credentials are used.
+Without obstore installed, against AWS itself, or with virtual-hosted addressing, the movers
+use botocore for everything.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 from bbstage.movers.base import TransferError
 from bbstage.movers.implementations.s3.errors import S3Error
 from bbstage.movers.implementations.s3.settings import MiB, S3Settings
 
-FAST_MAX = 8 * MiB  # larger objects: streamed GETs, and multipart uploads through botocore
-STREAM_CHUNK = 1 * MiB  # bytes per chunk of a streamed GET (larger cost more CPU: measured)
+FAST_MAX = 8 * MiB  # larger objects: direct GETs, and multipart uploads through botocore
 _STATUS = re.compile(r"\b([1-5]\d\d)\b")
 
 
@@ -45,7 +44,20 @@ class FastS3:
         host = endpoint.split("://", 1)[-1].split("/", 1)[0]
         return settings.addressing_style != "virtual" and not host.endswith(".amazonaws.com")
 
-    async def _credentials(self) -> tuple[str, str, str | None]:
+    @property
+    def endpoint(self) -> str:
+        return str(self._client.meta.endpoint_url)
+
+    @property
+    def region(self) -> str:
+        return str(self._client.meta.region_name or self._settings.region)
+
+    @property
+    def settings(self) -> S3Settings:
+        return self._settings
+
+    async def credentials(self) -> tuple[str, str, str | None]:
+        """The credentials of every request (re-read: temporary ones are refreshed)."""
         if self._static:
             return self._static["key"], self._static["secret"], self._static.get("token")
         creds = await self._session.get_credentials()
@@ -57,7 +69,7 @@ class FastS3:
     async def store(self, bucket: str) -> Any:
         from obstore.store import S3Store
 
-        creds = await self._credentials()
+        creds = await self.credentials()
         known = self._stores.get(bucket)
         if known is not None and known[0] == creds:
             return known[1]
@@ -112,38 +124,6 @@ class FastS3:
             await obstore.put_async(store, key, data, attributes=dict(meta), use_multipart=False)
         except Exception as exc:
             raise ObstoreError(exc) from exc
-
-    async def open(self, bucket: str, key: str, start: int, end: int | None) -> Body:
-        """A GET of bytes ``start``..``end - 1`` (``end`` None: the whole object, no Range),
-        its body streamed in chunks of at least ``STREAM_CHUNK`` bytes."""
-        import obstore
-
-        store = await self.store(bucket)
-        options = {"range": (start, end)} if end is not None else {}
-        try:
-            result = await obstore.get_async(store, key, options=options)
-        except Exception as exc:
-            raise ObstoreError(exc) from exc
-        meta = result.meta
-        return Body(str(meta.get("e_tag")), int(meta["size"]), result.stream(STREAM_CHUNK))
-
-
-class Body:
-    """An answer to ``FastS3.open``: the object's ETag and size, and the body's chunks
-    (obstore's buffers, not copied), whose errors read as obstore's (``ObstoreError``)."""
-
-    def __init__(self, etag: str, size: int, stream: Any) -> None:
-        self.etag, self.size, self._stream = etag, size, stream
-
-    async def chunks(self) -> AsyncIterator[Any]:
-        while True:
-            try:
-                chunk = await self._stream.__anext__()
-            except StopAsyncIteration:
-                return
-            except Exception as exc:
-                raise ObstoreError(exc) from exc
-            yield chunk
 
 
 class ObstoreError(Exception):

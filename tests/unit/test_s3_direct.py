@@ -1,0 +1,142 @@
+"""``s3/direct.py`` against a hand-made HTTP server that answers a GET with headers and a
+part of the body, then stalls or hangs up: a cancelled GET stops its thread before it
+returns (no write after it, however long the read timeout), a cut one says how far it
+got, an error answer reads as botocore's. Whole downloads through it are in
+test_s3_ranged.py (moto) and tests/integration/test_s3.py (RGW, real signatures)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bbstage.movers import TransferError
+from bbstage.movers.implementations.s3 import direct
+from bbstage.movers.implementations.s3.errors import translate
+from bbstage.movers.implementations.s3.settings import S3Settings
+
+SENT = 3 * direct.PIECE + 100  # body bytes the server sends before it stalls or hangs up
+
+
+class _Fast:
+    """What DirectGet asks of ``FastS3``."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint, self.region = endpoint, "us-east-1"
+        self.settings = S3Settings(read_timeout=60.0)
+
+    async def credentials(self) -> tuple[str, str, str | None]:
+        return "key", "secret", None
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """An endpoint whose GETs get ``SENT`` bytes of a 1 GiB body, then a stall (``stall``)
+    or a closed connection (``cut``), or a 403 with S3's XML error (``denied``)."""
+    how = request.param
+    listener = socket.create_server(("127.0.0.1", 0))
+    release = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            if how == "denied":
+                body = b"<Error><Code>AccessDenied</Code><Message>no</Message></Error>"
+                head = f"HTTP/1.1 403 Forbidden\r\nContent-Length: {len(body)}\r\n\r\n"
+                conn.sendall(head.encode() + body)
+                return
+            head = f'HTTP/1.1 200 OK\r\nContent-Length: {1 << 30}\r\nETag: "e"\r\n\r\n'
+            conn.sendall(head.encode() + b"x" * SENT)
+            if how == "stall":
+                release.wait(30)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    release.set()
+    thread.join(5)
+    listener.close()
+
+
+class _File:
+    """The ``write`` callable: records what was written, and when."""
+
+    def __init__(self) -> None:
+        self.bytes, self.last = 0, 0.0
+
+    def write(self, fd: int, view: memoryview, pos: int) -> None:
+        assert pos == self.bytes
+        self.bytes += len(view)
+        self.last = time.monotonic()
+
+
+def _get(endpoint: str, file: _File, reached: direct.Reached, seen: list[Any]) -> Any:
+    class _Progress:
+        def add(self, n: int) -> None:
+            seen.append(n)
+
+        def temp(self, path: str) -> None:
+            pass
+
+    return direct.DirectGet(_Fast(endpoint)).get(  # type: ignore[arg-type]
+        "bkt", "a key/ä+%?#.dat", -1, reached, None, seen.append, _Progress(), file.write
+    )
+
+
+def _threads() -> int:
+    """GET threads still alive (a finished one may take a moment to exit)."""
+    for _ in range(100):
+        alive = sum(t.name == "s3-get" for t in threading.enumerate())
+        if not alive:
+            break
+        time.sleep(0.01)
+    return alive
+
+
+@pytest.mark.parametrize("server", ["stall"], indirect=True)
+def test_a_cancelled_get_stops_its_thread_before_it_returns(server: str) -> None:
+    file, reached, seen = _File(), direct.Reached(0), []
+
+    async def main() -> float:
+        task = asyncio.ensure_future(_get(server, file, reached, seen))
+        while file.bytes < 3 * direct.PIECE:  # whole pieces: the last 100 bytes wait
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic()
+
+    returned = asyncio.run(asyncio.wait_for(main(), 10))
+    assert _threads() == 0
+    assert file.last < returned and reached.pos == file.bytes
+    written = file.bytes  # the pieces, and maybe what the cut read returned: before the return
+    time.sleep(0.2)
+    assert file.bytes == written  # nothing written after the return
+
+
+@pytest.mark.parametrize("server", ["cut"], indirect=True)
+def test_a_cut_get_is_transient_and_says_how_far_it_got(server: str) -> None:
+    file, reached, seen = _File(), direct.Reached(0), []
+    with pytest.raises(TransferError, match="short read at byte") as exc:
+        asyncio.run(_get(server, file, reached, seen))
+    assert not exc.value.permanent
+    assert reached.pos == file.bytes == SENT
+    assert seen[0] == {"ETag": '"e"', "ContentLength": 1 << 30}  # checked before any write
+    assert sum(seen[1:]) == SENT  # progress, handed to the event loop
+    assert _threads() == 0
+
+
+@pytest.mark.parametrize("server", ["denied"], indirect=True)
+def test_an_error_answer_reads_as_botocores(server: str) -> None:
+    file, reached = _File(), direct.Reached(0)
+    with pytest.raises(Exception) as exc:
+        asyncio.run(_get(server, file, reached, []))
+    err = translate(exc.value, "s3://bkt/k", "bbuser1", server)
+    assert err.permanent and "access denied: s3://bkt/k" in str(err)
+    assert file.bytes == 0
