@@ -1,16 +1,20 @@
 """``s3/direct.py`` against a hand-made HTTP server that answers a GET with headers and a
 part of the body, then stalls or hangs up: a cancelled GET stops its thread before it
 returns (no write after it, however long the read timeout), a cut one says how far it
-got, an error answer reads as botocore's. Whole downloads through it are in
+got, an error answer reads as botocore's, and TLS follows ``[s3] verify`` (a self-signed
+certificate made with ``openssl``). Whole downloads through it are in
 test_s3_ranged.py (moto) and tests/integration/test_s3.py (RGW, real signatures)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,24 +30,49 @@ SENT = 3 * direct.PIECE + 100  # body bytes the server sends before it stalls or
 class _Fast:
     """What DirectGet asks of ``FastS3``."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, verify: bool | str = True) -> None:
         self.endpoint, self.region = endpoint, "us-east-1"
-        self.settings = S3Settings(read_timeout=60.0)
+        self.settings = S3Settings(read_timeout=60.0, verify=verify)
 
     async def credentials(self) -> tuple[str, str, str | None]:
         return "key", "secret", None
 
 
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A self-signed certificate for 127.0.0.1 (``cert.pem``, ``key.pem`` beside it)."""
+    where = tmp_path_factory.mktemp("tls")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(where / "key.pem"), "-out", str(where / "cert.pem")]
+        + ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    return where / "cert.pem"
+
+
 @pytest.fixture
 def server(request: pytest.FixtureRequest) -> Iterator[str]:
     """An endpoint whose GETs get ``SENT`` bytes of a 1 GiB body, then a stall (``stall``)
-    or a closed connection (``cut``), or a 403 with S3's XML error (``denied``)."""
-    how = request.param
+    or a closed connection (``cut``), or a 403 with S3's XML error (``denied``); over TLS
+    with a ``tls-`` prefix."""
+    how, tls = request.param, None
+    if how.startswith("tls-"):  # the same, over TLS with the certificate of ``cert``
+        how, cert = how[4:], request.getfixturevalue("cert")
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(cert, cert.with_name("key.pem"))
     listener = socket.create_server(("127.0.0.1", 0))
     release = threading.Event()
 
     def serve() -> None:
         conn, _ = listener.accept()
+        if tls is not None:
+            try:
+                conn = tls.wrap_socket(conn, server_side=True)
+            except (ssl.SSLError, OSError):  # a client that refused the certificate
+                conn.close()
+                return
         with conn:
             conn.recv(65536)
             if how == "denied":
@@ -58,7 +87,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[str]:
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    yield f"{'https' if tls else 'http'}://127.0.0.1:{listener.getsockname()[1]}"
     release.set()
     thread.join(5)
     listener.close()
@@ -76,7 +105,9 @@ class _File:
         self.last = time.monotonic()
 
 
-def _get(endpoint: str, file: _File, reached: direct.Reached, seen: list[Any]) -> Any:
+def _get(
+    endpoint: str, file: _File, reached: direct.Reached, seen: list[Any], verify: bool | str = True
+) -> Any:
     class _Progress:
         def add(self, n: int) -> None:
             seen.append(n)
@@ -84,7 +115,7 @@ def _get(endpoint: str, file: _File, reached: direct.Reached, seen: list[Any]) -
         def temp(self, path: str) -> None:
             pass
 
-    return direct.DirectGet(_Fast(endpoint)).get(  # type: ignore[arg-type]
+    return direct.DirectGet(_Fast(endpoint, verify)).get(  # type: ignore[arg-type]
         "bkt", "a key/ä+%?#.dat", -1, reached, None, seen.append, _Progress(), file.write
     )
 
@@ -139,4 +170,30 @@ def test_an_error_answer_reads_as_botocores(server: str) -> None:
         asyncio.run(_get(server, file, reached, []))
     err = translate(exc.value, "s3://bkt/k", "bbuser1", server)
     assert err.permanent and "access denied: s3://bkt/k" in str(err)
+    assert file.bytes == 0
+
+
+@pytest.mark.parametrize("server", ["tls-cut"], indirect=True)
+def test_tls_with_the_sites_ca_bundle(server: str, cert: Path) -> None:
+    """``[s3] verify``: a CA bundle's path trusts the store's certificate (as ``false``
+    does, below); with the default (the system's CAs) a self-signed one is refused."""
+    file, reached = _File(), direct.Reached(0)
+    with pytest.raises(TransferError, match="short read"):  # connected, read, then cut
+        asyncio.run(_get(server, file, reached, [], verify=str(cert)))
+    assert file.bytes == SENT
+
+
+@pytest.mark.parametrize("server", ["tls-cut"], indirect=True)
+def test_tls_verify_false(server: str) -> None:
+    file, reached = _File(), direct.Reached(0)
+    with pytest.raises(TransferError, match="short read"):
+        asyncio.run(_get(server, file, reached, [], verify=False))
+    assert file.bytes == SENT
+
+
+@pytest.mark.parametrize("server", ["tls-cut"], indirect=True)
+def test_tls_refuses_an_unknown_certificate(server: str) -> None:
+    file, reached = _File(), direct.Reached(0)
+    with pytest.raises(TransferError, match="SSLCertVerificationError"):
+        asyncio.run(_get(server, file, reached, []))
     assert file.bytes == 0

@@ -130,11 +130,10 @@ class DirectGet:
         timeout = settings.connect_timeout
         if endpoint.scheme != "https":
             return http.client.HTTPConnection(endpoint.hostname, endpoint.port, timeout=timeout)
+        cafile = settings.verify if isinstance(settings.verify, str) else None
+        context = ssl.create_default_context(cafile=cafile)
         if settings.verify is False:
-            context = ssl._create_unverified_context()
-        else:
-            cafile = settings.verify if isinstance(settings.verify, str) else None
-            context = ssl.create_default_context(cafile=cafile)
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
         return http.client.HTTPSConnection(
             endpoint.hostname, endpoint.port, timeout=timeout, context=context
         )
