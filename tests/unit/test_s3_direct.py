@@ -55,7 +55,8 @@ def cert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def server(request: pytest.FixtureRequest) -> Iterator[str]:
     """An endpoint whose GETs get ``SENT`` bytes of a 1 GiB body, then a stall (``stall``)
-    or a closed connection (``cut``), or a 403 with S3's XML error (``denied``); over TLS
+    or a closed connection (``cut``), or a 403 with S3's XML error (``denied``), or no
+    answer at all (``mute``); over TLS
     with a ``tls-`` prefix."""
     how, tls = request.param, None
     if how.startswith("tls-"):  # the same, over TLS with the certificate of ``cert``
@@ -75,6 +76,9 @@ def server(request: pytest.FixtureRequest) -> Iterator[str]:
                 return
         with conn:
             conn.recv(65536)
+            if how == "mute":
+                release.wait(30)
+                return
             if how == "denied":
                 body = b"<Error><Code>AccessDenied</Code><Message>no</Message></Error>"
                 head = f"HTTP/1.1 403 Forbidden\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -149,6 +153,25 @@ def test_a_cancelled_get_stops_its_thread_before_it_returns(server: str) -> None
     written = file.bytes  # the pieces, and maybe what the cut read returned: before the return
     time.sleep(0.2)
     assert file.bytes == written  # nothing written after the return
+
+
+@pytest.mark.parametrize("server", ["mute"], indirect=True)
+def test_a_get_cancelled_before_any_answer_returns_at_once(server: str) -> None:
+    """Blocked waiting for the answer's headers (read timeout 60 s): cancelled, it returns
+    at once."""
+    file, reached = _File(), direct.Reached(0)
+
+    async def main() -> float:
+        task = asyncio.ensure_future(_get(server, file, reached, []))
+        await asyncio.sleep(0.3)
+        cancelled = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic() - cancelled
+
+    assert asyncio.run(main()) < 2
+    assert _threads() == 0 and file.bytes == 0
 
 
 @pytest.mark.parametrize("server", ["cut"], indirect=True)

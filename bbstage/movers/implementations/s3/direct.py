@@ -100,13 +100,14 @@ class DirectGet:
             await asyncio.wrap_future(done)
         except BaseException:
             stop.set()
-            sock = conn.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)  # a blocked read returns at once
-                except OSError:
-                    pass
-            concurrent.futures.wait([done])
+            while not done.done():  # a blocked read returns once its socket is shut down
+                sock = conn.sock  # None until connected (bounded by connect_timeout)
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                concurrent.futures.wait([done], timeout=0.05)
             raise
 
     def _signed(
