@@ -220,3 +220,18 @@ def test_tls_refuses_an_unknown_certificate(server: str) -> None:
     with pytest.raises(TransferError, match="SSLCertVerificationError"):
         asyncio.run(_get(server, file, reached, []))
     assert file.bytes == 0
+
+
+def test_a_proxy_for_the_endpoint_keeps_big_gets_on_botocore(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """http.client would not use a proxy: with one set for the endpoint, direct is not used
+    (botocore, which uses it, is); ``no_proxy`` naming the endpoint's host lifts that."""
+    for name in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    assert direct.DirectGet.available("http://10.0.0.1:7480")
+    monkeypatch.setenv("http_proxy", "http://proxy:3128")
+    assert not direct.DirectGet.available("http://10.0.0.1:7480")
+    assert direct.DirectGet.available("https://10.0.0.1:7480")  # no https_proxy
+    monkeypatch.setenv("no_proxy", "10.0.0.1")
+    assert direct.DirectGet.available("http://10.0.0.1:7480")
