@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import structlog
 
-from bbstage import directives, report, scratch, slurmdirs, staged
+from bbstage import directives, leftovers, report, scratch, slurmdirs, staged
 from bbstage.config import Config
 from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.executor import TransferExecutor
@@ -217,10 +217,10 @@ class Engine:
         return await self._stage(req, "stage_out")
 
     async def test_data_in(self, req: Request) -> Reply:
-        return self._test(req.job_id, "stage_in")
+        return await self._polled(req, "stage_in")
 
     async def test_data_out(self, req: Request) -> Reply:
-        return self._test(req.job_id, "stage_out")
+        return await self._polled(req, "stage_out")
 
     async def real_size(self, req: Request) -> Reply:
         job = self.store.job(req.job_id)
@@ -251,6 +251,7 @@ class Engine:
         staged.unmark(self._staged, req.job_id)
         job = self.store.job(req.job_id)
         if job is None:
+            await self._sweep_lost(req)
             return Reply.ok()
         hurry = req.get("hurry") in (True, "true")
         cancelled = [d for d in job.directives if d.state in (PENDING, RUNNING)]
@@ -329,7 +330,7 @@ class Engine:
             )
         return job
 
-    def _job(self, req: Request, verb: str) -> JobRow:
+    async def _job(self, req: Request, verb: str) -> JobRow:
         """The job, or (24.05+ hooks carry uid and gid) a record made again from the request
         after the daemon lost its state: marked ``recovered``, so teardown deletes nothing."""
         job = self.store.job(req.job_id)
@@ -337,10 +338,27 @@ class Engine:
             state = "setup" if verb == "stage_in" else "running"
             job = self._create(req, req.job_id, state=state, origin="recovered")
             log.warning("job recreated after a lost state", job_id=job.job_id, phase=verb)
+        if job is None:
+            await self._sweep_lost(req)
         return job or self._known(req)
 
+    async def _polled(self, req: Request, verb: str) -> Reply:
+        if self.store.job(req.job_id) is None:
+            await self._sweep_lost(req)
+        return self._test(req.job_id, verb)
+
+    async def _sweep_lost(self, req: Request) -> None:
+        """A job the daemon has no record of (its state was lost, or setup refused it): no
+        record of what its workers wrote either, so the script (``script``, or Slurm's copy
+        at ``script_path``) says where their temporary files may be (bbstage/leftovers.py)."""
+        script = req.get("script")
+        if not script and (path := req.get("script_path")):
+            script = await asyncio.to_thread(leftovers.read, path, req.job_id)
+        if script:
+            await asyncio.to_thread(leftovers.sweep, script, req.job_id)
+
     async def _stage(self, req: Request, verb: str) -> Reply:
-        job = self._job(req, verb)
+        job = await self._job(req, verb)
         if job.state in FINISHED:
             if any(d.verb == verb and d.state in (FAILED, CANCELLED) for d in job.directives):
                 return self._test(job.job_id, verb)  # e.g. the stage-in setup started failed

@@ -62,8 +62,10 @@ end
 -- test_data_in/out (24.05+): Slurm calls them again every PollInterval while they answer
 -- BUSY, within StageIn/StageOutTimeout. A daemon that does not answer (restarting) counts
 -- as "not done yet"; held for it, the job would stay in staging-in after `scontrol release`.
-local function poll(op, job_id, uid, gid, job_info)
-	local rc, message, kind = forward(op, 60, job_id, nil, uid, gid, job_info)
+-- The script's path (not the script) lets a daemon that lost the job find its leftovers.
+local function poll(op, job_id, job_script, uid, gid, job_info)
+	local rc, message, kind = forward(op, 60, job_id, nil, uid, gid, job_info,
+		{ script_path = job_script })
 	if kind == "unreachable" or kind == "timeout" then return slurm.SUCCESS, "BUSY" end
 	return rc, message
 end
@@ -156,7 +158,7 @@ end
 
 function slurm_bb_test_data_in(job_id, job_script, uid, gid, job_info)
 	if staged_in(job_id) then return slurm.SUCCESS end
-	return poll("test_data_in", job_id, uid, gid, job_info)
+	return poll("test_data_in", job_id, job_script, uid, gid, job_info)
 end
 
 -- Slurm only uses a size larger than the job asked for; bbstage never grows a buffer
@@ -180,13 +182,14 @@ function slurm_bb_data_out(job_id, job_script, uid, gid, job_info)
 end
 
 function slurm_bb_test_data_out(job_id, job_script, uid, gid, job_info)
-	return poll("test_data_out", job_id, uid, gid, job_info)
+	return poll("test_data_out", job_id, job_script, uid, gid, job_info)
 end
 
 -- After the job, or on cancel (hurry "true": abort transfers now). Removes scratch.
+-- The script's path lets a daemon that lost the job find its temporary files.
 function slurm_bb_job_teardown(job_id, job_script, hurry, uid, gid)
 	return forward("teardown", 300, job_id, nil, uid, gid, nil,
-		{ hurry = hurry == "true" or hurry == true })
+		{ hurry = hurry == "true" or hurry == true, script_path = job_script })
 end
 
 -- `scontrol show bbstat [JOBID]`. 24.05+ passes the caller's uid and gid first.

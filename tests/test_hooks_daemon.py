@@ -386,3 +386,25 @@ def test_a_restarted_daemon_resumes_a_stage_in_nobody_asks_for_again(area: Path)
             assert file_digest(dst / p.name) == file_digest(p)
     finally:
         d2.stop()
+
+
+def test_hooks_for_a_job_the_daemon_lost_remove_its_temporary_files(
+    daemon: Daemon, area: Path
+) -> None:
+    """teardown (22.05 and 24.05+) and test_data_in (24.05+) send the script's path: a
+    daemon with no record of the job (its state lost) finds its workers' temporary files
+    from it and removes them as their owner."""
+    uid, gid = user_ids()
+    dst = owned_dir(area / "mine", uid, gid)
+    job = script(area / "job.sh", f"stage_in source={area}/big.bin destination={dst}/big.bin")
+    calls = [
+        ("116", "slurm_bb_job_teardown", ("116", job, "true")),
+        ("117", "slurm_bb_job_teardown", ("117", job, "true", str(uid), str(gid))),
+        ("118", "slurm_bb_test_data_in", ("118", job, str(uid), str(gid))),
+    ]
+    for job_id, hook, args in calls:
+        part = dst / f".big.bin.bbstage-{job_id}-0123abcd.part"
+        part.write_bytes(b"partial")
+        os.chown(part, uid, gid)
+        daemon.hook(hook, *args)
+        assert not part.exists(), hook

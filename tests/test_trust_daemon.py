@@ -118,16 +118,10 @@ def test_a_killed_worker_is_run_again_and_the_job_completes(area: Path) -> None:
         d.stop()
 
 
-def test_sigkill_of_the_daemon_leaves_no_temp_file_after_the_restart(area: Path) -> None:
-    """I3: a worker killed with the daemon may leave a named ``.part`` file; the resumed
-    transfer removes it."""
-    d = start_daemon(area / "d")
-    uid, gid = user_ids()
-    data, dst, job = set_up_stage_in(d, area, "320", 24, 8 << 20)
-    hook = blocking_data_in(d, "320", job)
-    # Freeze the workers while a temporary file exists (a file can land between seeing its
-    # temporary name and the kill: CI saw that), then kill them with the daemon, as a power
-    # cut or an OOM kill would.
+def kill_with_a_temporary_file(d: Daemon, dst: Path, uid: int) -> None:
+    """Freeze the workers while a temporary file exists (a file can land between seeing its
+    temporary name and the kill: CI saw that), then kill them with the daemon, as a power
+    cut or an OOM kill would."""
     for _ in range(20):
         wait_until(lambda: dst.exists() and temps(dst), 60, "a temporary file in the destination")
         frozen = workers(d, uid)
@@ -137,15 +131,48 @@ def test_sigkill_of_the_daemon_leaves_no_temp_file_after_the_restart(area: Path)
             break
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
+    os.kill(d.proc.pid, signal.SIGSTOP)  # nor may the daemon remove them
     for pid in frozen:
         os.kill(pid, signal.SIGKILL)
     d.kill()
     assert temps(dst), "the kill came too late to leave a temporary file"
+
+
+def test_sigkill_of_the_daemon_leaves_no_temp_file_after_the_restart(area: Path) -> None:
+    """I3: a worker killed with the daemon may leave a named ``.part`` file; the resumed
+    transfer removes it."""
+    d = start_daemon(area / "d")
+    uid, gid = user_ids()
+    data, dst, job = set_up_stage_in(d, area, "320", 24, 8 << 20)
+    hook = blocking_data_in(d, "320", job)
+    kill_with_a_temporary_file(d, dst, uid)
     d2 = start_daemon(area / "d")
     try:
         out, _ = hook.communicate(timeout=180)
         assert out.startswith("rc=0"), out
         assert tree_digests(dst) == tree_digests(data)
+        assert temps(dst) == []
+    finally:
+        d2.stop()
+
+
+def test_a_lost_state_after_a_killed_worker_leaves_no_temp_file(area: Path) -> None:
+    """I3, the double fault CI found: a worker SIGKILLed, then the daemon, and its database
+    lost before the worker's temporary file was removed. The job is unknown after the
+    restart (22.05 gives data_in no uid to make it again): the re-sent data_in, refused,
+    removes the file, found from the script it carries; so do teardown and test_data_in,
+    from the script Slurm kept (their own test: tests/test_hooks_daemon.py)."""
+    d = start_daemon(area / "d")
+    uid, _ = user_ids()
+    _, dst, job = set_up_stage_in(d, area, "325", 24, 8 << 20)
+    hook = blocking_data_in(d, "325", job)
+    kill_with_a_temporary_file(d, dst, uid)
+    for db in (area / "d" / "state").glob("state.db*"):
+        db.unlink()
+    d2 = start_daemon(area / "d")
+    try:
+        out, _ = hook.communicate(timeout=180)
+        assert out.startswith("rc=-1") and "unknown to the staging daemon" in out, out
         assert temps(dst) == []
     finally:
         d2.stop()

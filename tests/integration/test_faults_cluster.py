@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.campaign import worker_pids
 from tests.helpers import file_digest, make_tree, process_gone, wait_until
 
 from .conftest import REPO, USER, Cluster, as_user
@@ -119,3 +120,46 @@ def test_a_job_slurm_strands_in_stage_in_is_cancelled_with_the_reason(
     # leaves BurstBufferState=teardown until slurmctld restarts. The daemon tore down already.
     cluster.wait_state(job, "CANCELLED", timeout=240)
     assert STRANDED in cluster.status(job)["error"]
+
+
+def test_a_lost_state_after_a_killed_worker_leaves_no_temporary_file(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """I3, the double fault the campaign found: a worker SIGKILLed, then the daemon, and its
+    database lost before the worker's temporary file was removed. The job is unknown after
+    the restart; its next hook (22.05: data_in, 24.11: test_data_in) removes the file."""
+    src = make_tree(workdir / "src", 24, 8 << 20, digits=3)  # named .part temporary files
+    dst = workdir / "dst"
+    as_user(workdir)
+    job = cluster.submit(
+        workdir, f"#!/bin/bash\n#BB_LUA stage_in source={src}/ destination={dst}/\ntrue\n"
+    )
+    daemon = cluster.daemon_pid()
+    for _ in range(20):  # freeze the workers while a temporary file exists
+        wait_until(lambda: dst.exists() and temps(dst), 120, "a temporary file")
+        frozen = worker_pids(daemon)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        if temps(dst):
+            break
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    os.kill(daemon, signal.SIGSTOP)  # nor may the daemon remove them
+    for pid in frozen:
+        os.kill(pid, signal.SIGKILL)
+    os.kill(daemon, signal.SIGKILL)
+    wait_until(lambda: process_gone(daemon), 20, f"the killed daemon (pid {daemon}) to end")
+    assert temps(dst), "the kill came too late to leave a temporary file"
+    for db in (cluster.dir / "bbstage").glob("state.db*"):
+        db.unlink()
+    cluster.up()
+    try:
+        wait_until(lambda: not temps(dst), 120, "the temporary files to be removed")
+    finally:
+        cluster.run("scancel", job, check=False)
+    cluster.wait_gone(job, timeout=300)
+    assert not temps(dst)
+
+
+def temps(root: Path) -> list[Path]:
+    return list(root.rglob(".*.part"))

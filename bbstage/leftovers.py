@@ -1,0 +1,144 @@
+"""Remove a job's temporary files when the daemon has no record of the job.
+
+A worker's named temporary files (``.NAME.bbstage-JOB-GROUP.part``, ``localfs.temp_name``)
+are removed by the worker, by the executor when a worker is killed, or by the job's next
+attempt. A daemon killed right after a worker, whose state is then lost, knows none of
+them: the job's teardown finds them from its script instead. Each directory a local
+destination of the script names is read (as root: only names and owners), and each file
+that bears this job's temporary name is removed by a process running as that file's owner,
+so nothing is removed that its owner could not remove. Slurm 22.05's teardown carries no
+uid, so the file's owner is the only one to ask.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import structlog
+
+from bbstage import directives
+from bbstage.identity import Identity, IdentityError
+from bbstage.movers import localfs
+
+log = structlog.get_logger(__name__)
+
+LIMIT = 200_000  # directory entries read per teardown at most (a destination tree is big)
+
+# Run as the owner: unlink each NUL-separated path read from stdin (no bbstage import:
+# the interpreter starts with -I -S, so the owner needs no access to the install).
+_UNLINK = (
+    "import os, sys\n"
+    "for p in sys.stdin.buffer.read().split(b'\\0'):\n"
+    "    try:\n"
+    "        p and os.unlink(p)\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+
+
+def places(script: str) -> list[tuple[str, bool]]:
+    """The local directories a job's temporary files may be in: (directory, whole tree?)
+    for each destination outside scratch of ``script``'s directives (stage-in and
+    stage-out alike); none for a script that does not parse."""
+    parsed = directives.parse(script)
+    found: dict[str, bool] = {}
+    for d in parsed["directives"]:
+        if d["destination_kind"] != "posix":
+            continue
+        dest = d["destination"]
+        if d["tree"] or d["glob"] or dest.endswith("/"):
+            found[dest] = True
+        else:
+            parent = os.path.dirname(dest)
+            found[parent] = found.get(parent, False)
+    return list(found.items())
+
+
+def find(where: list[tuple[str, bool]], job_id: str, limit: int = LIMIT) -> dict[int, list[str]]:
+    """This job's temporary files in ``where``, by owner uid; at most ``limit`` entries
+    read. Symbolic links are neither followed nor taken."""
+    pattern, by_owner, seen = localfs.temp_pattern(job_id), {}, 0
+    for top, tree in where:
+        for path in _entries(top, tree):
+            seen += 1
+            if seen > limit:
+                log.warning("leftover search stopped", job_id=job_id, entries=limit)
+                return by_owner
+            if not pattern.match(os.path.basename(path)):
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                by_owner.setdefault(st.st_uid, []).append(path)
+    return by_owner
+
+
+def _entries(top: str, tree: bool) -> Iterator[str]:
+    """The paths in directory ``top`` (and below it, for a ``tree``); none if unreadable."""
+    stack = [top]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    yield entry.path
+                    if tree and entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+
+
+def remove(by_owner: dict[int, list[str]], job_id: str) -> int:
+    """Remove each owner's files as that owner (never as root); how many were removed."""
+    removed = 0
+    for uid, paths in by_owner.items():
+        try:
+            identity = Identity.of(uid, pwd.getpwuid(uid).pw_gid)
+        except (KeyError, IdentityError) as exc:
+            log.warning("leftovers kept", job_id=job_id, uid=uid, files=len(paths),
+                        reason=str(exc) or "unknown uid")  # fmt: skip
+            continue
+        try:
+            subprocess.run(
+                [sys.executable, "-I", "-S", "-c", _UNLINK],
+                input=b"\0".join(os.fsencode(p) for p in paths),
+                user=identity.uid,
+                group=identity.gid,
+                extra_groups=list(identity.groups),
+                umask=0o077,
+                timeout=60,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("leftovers kept", job_id=job_id, uid=uid, files=len(paths),
+                        reason=str(exc))  # fmt: skip
+            continue
+        removed += sum(not os.path.lexists(p) for p in paths)
+    return removed
+
+
+def read(script_path: str, job_id: str) -> str | None:
+    """The job script Slurm keeps at ``script_path`` (bytes as surrogate escapes, as the
+    hooks send them), or None if it cannot be read (Slurm may have removed it)."""
+    try:
+        with open(script_path, "rb") as f:
+            return f.read().decode("utf-8", "surrogateescape")
+    except OSError as exc:
+        log.info("no script to look for leftovers in", job_id=job_id, error=str(exc))
+        return None
+
+
+def sweep(script: str, job_id: str) -> int:
+    """Find and remove the temporary files job ``job_id`` left in the local destinations
+    its ``script`` names; how many were removed."""
+    removed = remove(find(places(script), job_id), job_id)
+    if removed:
+        log.warning("temporary files of a job unknown to the daemon removed", job_id=job_id,
+                    files=removed)  # fmt: skip
+    return removed
