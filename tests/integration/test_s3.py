@@ -86,6 +86,61 @@ def test_big_objects_with_odd_keys_come_straight_into_the_file(
     assert "o d/odd dir/ä ö+%20&=?#~;,.dat" in calls and len(calls) == 2 + 2 + 3
 
 
+def test_lean_listing_reads_rgw_as_botocore_does(s3: S3Env, tmp_path: Path) -> None:
+    """s3/listing.py on RGW: real signatures of an odd prefix and tokens, keys XML cannot
+    carry, pages of 1,000; a wrong secret on a LIST says what to fix."""
+    from bbstage.movers.implementations.s3.fast import FastS3
+    from bbstage.movers.implementations.s3.listing import DirectList
+    from bbstage.movers.implementations.s3.settings import S3Settings
+
+    bucket = s3.create_bucket(owner=USER)
+    client = s3.client(USER)
+    prefix = "p ä+%/"
+    names = ["ctl\x01x", "a b", "plus+", "é", "a//b", "dir/", "amp&<>", "q?x#"]
+    names += [str(n) for n in range(1100)]
+    for name in names:
+        client.put_object(Bucket=bucket, Key=prefix + name, Body=b"x")
+    keys = s3.keys(USER)
+
+    class Fast:  # what DirectList asks of FastS3, with bbuser1's keys
+        endpoint, region, settings = s3.endpoint, "us-east-1", S3Settings()
+
+        @staticmethod
+        async def credentials() -> tuple[str, str, None]:
+            return keys.key, keys.secret, None
+
+    async def ours() -> list[tuple[str, int]]:
+        lister, out, token = DirectList(Fast()), [], None  # type: ignore[arg-type]
+        while True:
+            page = await lister.page(bucket, prefix, token)
+            out += [(o["Key"], o["Size"]) for o in page["Contents"]]
+            token = page.get("NextContinuationToken")
+            if not token:
+                return out
+
+    theirs = [
+        (o["Key"], o["Size"])
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for o in page["Contents"]
+    ]
+    import asyncio
+
+    assert asyncio.run(ours()) == theirs and len(theirs) == len(names)
+    assert FastS3.available(S3Settings(), s3.endpoint)  # so trees are listed this way
+    spec = TransferSpec.between(
+        f"s3://{bucket}/{prefix}",
+        f"{tmp_path}/x/",
+        job_id="it",
+        extra={
+            "s3": {"endpoint_url": s3.endpoint},
+            "credentials": {"key": keys.key, "secret": "wrong" + keys.secret[5:]},
+        },
+    )
+    with pytest.raises(TransferError, match="bad S3 credentials for the credentials") as e:
+        run_worker(spec)
+    assert e.value.permanent and "SignatureDoesNotMatch" in str(e.value)
+
+
 def test_errors_name_the_url_and_the_users_own_credentials_are_enforced(
     s3: S3Env, tmp_path: Path
 ) -> None:

@@ -465,7 +465,7 @@ def test_timestamps_parse_as_botocore_parses_them(value: str) -> None:
     botocore's own gives, for every form S3 answers with."""
     from botocore.utils import parse_timestamp as botocore_parse
 
-    from bbstage.movers.implementations.s3.common import parse_timestamp
+    from bbstage.movers.implementations.s3.timestamps import parse_timestamp
 
     ours, theirs = parse_timestamp(value), botocore_parse(value)
     assert ours == theirs and ours.timestamp() == theirs.timestamp()

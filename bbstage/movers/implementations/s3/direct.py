@@ -72,9 +72,12 @@ class DirectGet:
         is stopped and joined before this returns or raises, also when cancelled, so the
         caller may close ``fd`` at once."""
         creds = await self._fast.credentials()
-        request = self._signed(bucket, key, creds, reached.pos, end)
+        base = self._fast.endpoint.rstrip("/")
+        url = f"{base}/{urllib.parse.quote(bucket)}/{urllib.parse.quote(key, safe='/~')}"
+        headers = {} if end is None else {"Range": f"bytes={reached.pos}-{end - 1}"}
+        request = (f"s3://{bucket}/{key}", *signed(self._fast, url, headers, creds))
         loop = asyncio.get_running_loop()
-        conn = self._connection()
+        conn = connection(self._fast)
         stop = threading.Event()
 
         def report(n: int) -> None:
@@ -110,35 +113,6 @@ class DirectGet:
                 concurrent.futures.wait([done], timeout=0.05)
             raise
 
-    def _signed(
-        self, bucket: str, key: str, creds: tuple[str, str, str | None], start: int, end: int | None
-    ) -> tuple[str, str, dict[str, str]]:
-        """The GET's ``s3://`` URL (for messages), path and signed headers."""
-        from botocore.auth import S3SigV4Auth
-        from botocore.awsrequest import AWSRequest
-        from botocore.credentials import Credentials
-
-        base = self._fast.endpoint.rstrip("/")
-        url = f"{base}/{urllib.parse.quote(bucket)}/{urllib.parse.quote(key, safe='/~')}"
-        headers = {} if end is None else {"Range": f"bytes={start}-{end - 1}"}
-        request = AWSRequest(method="GET", url=url, headers=headers)
-        S3SigV4Auth(Credentials(*creds), "s3", self._fast.region).add_auth(request)
-        path = urllib.parse.urlsplit(url).path
-        return f"s3://{bucket}/{key}", path, dict(request.headers.items())
-
-    def _connection(self) -> http.client.HTTPConnection:
-        settings, endpoint = self._fast.settings, urllib.parse.urlsplit(self._fast.endpoint)
-        timeout = settings.connect_timeout
-        if endpoint.scheme != "https":
-            return http.client.HTTPConnection(endpoint.hostname, endpoint.port, timeout=timeout)
-        cafile = settings.verify if isinstance(settings.verify, str) else None
-        context = ssl.create_default_context(cafile=cafile)
-        if settings.verify is False:
-            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-        return http.client.HTTPSConnection(
-            endpoint.hostname, endpoint.port, timeout=timeout, context=context
-        )
-
     def _fetch(
         self,
         conn: http.client.HTTPConnection,
@@ -161,7 +135,7 @@ class DirectGet:
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
             if resp.status not in (200, 206):
-                raise _client_error(resp.status, resp.read(1 << 16))
+                raise client_error(resp.status, resp.read(1 << 16), "GetObject")
             if end is not None and resp.status != 206:
                 raise TransferError(f"{where} ignored the Range of a GET: {url}")
             length = int(resp.getheader("Content-Length") or -1)
@@ -191,7 +165,38 @@ class DirectGet:
             ) from None
 
 
-def _client_error(status: int, body: bytes) -> Exception:
+def signed(
+    fast: FastS3, url: str, headers: dict[str, str], creds: tuple[str, str, str | None]
+) -> tuple[str, dict[str, str]]:
+    """A GET of ``url`` (on ``fast``'s endpoint) signed by botocore (SigV4): the path and
+    query to send, and the headers."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    request = AWSRequest(method="GET", url=url, headers=headers)
+    S3SigV4Auth(Credentials(*creds), "s3", fast.region).add_auth(request)
+    parts = urllib.parse.urlsplit(url)
+    target = f"{parts.path}?{parts.query}" if parts.query else parts.path
+    return target, dict(request.headers.items())
+
+
+def connection(fast: FastS3) -> http.client.HTTPConnection:
+    """A connection (not yet open) to ``fast``'s endpoint, with its TLS settings."""
+    settings, endpoint = fast.settings, urllib.parse.urlsplit(fast.endpoint)
+    timeout = settings.connect_timeout
+    if endpoint.scheme != "https":
+        return http.client.HTTPConnection(endpoint.hostname, endpoint.port, timeout=timeout)
+    cafile = settings.verify if isinstance(settings.verify, str) else None
+    context = ssl.create_default_context(cafile=cafile)
+    if settings.verify is False:
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    return http.client.HTTPSConnection(
+        endpoint.hostname, endpoint.port, timeout=timeout, context=context
+    )
+
+
+def client_error(status: int, body: bytes, operation: str) -> Exception:
     """An error answer as botocore's ``ClientError`` (``errors.translate`` words it)."""
     from botocore.exceptions import ClientError
 
@@ -201,6 +206,4 @@ def _client_error(status: int, body: bytes) -> Exception:
         "Code": code.group(1).decode(errors="replace") if code else str(status),
         "Message": message.group(1).decode(errors="replace") if message else "",
     }
-    return ClientError(
-        {"Error": error, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject"
-    )
+    return ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": status}}, operation)

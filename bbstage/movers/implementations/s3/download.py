@@ -139,18 +139,10 @@ class S3Download(_S3Mover):
         return FileTask("", path, "dir", mode=mode | ((mode & 0o444) >> 2))
 
     async def _list(self, bucket: str, prefix: str, limit: int = 0) -> list[dict[str, Any]]:
-        s3 = await self._s3()
         out: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            kw: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
-            if token:
-                kw["ContinuationToken"] = token
-            if limit:
-                kw["MaxKeys"] = limit
-            page = await self._retry(
-                f"s3://{bucket}/{prefix}", lambda kw=kw: s3.list_objects_v2(**kw)
-            )
+            page = await self._list_page(bucket, prefix, token, limit)
             out += page.get("Contents", [])
             token = page.get("NextContinuationToken")
             if not token or (limit and len(out) >= limit):

@@ -144,9 +144,7 @@ class S3Upload(S3ObjectUpload):
     async def _sweep_pieces(self, s3: Any, bucket: str, key: str, job_id: str, group: str) -> None:
         """Remove the pieces an earlier group of this job left for this object."""
         prefix = _piece_prefix(key, job_id)
-        page = await self._retry(
-            f"s3://{bucket}/{prefix}", lambda: s3.list_objects_v2(Bucket=bucket, Prefix=prefix)
-        )
+        page = await self._list_page(bucket, prefix)
         stale = [o["Key"] for o in page.get("Contents", []) if f"-{group}." not in o["Key"]]
         await self._remove(s3, bucket, stale)
 

@@ -100,17 +100,11 @@ class S3ObjectUpload(_S3Mover):
 
     async def _listing(self, bucket: str, prefix: str) -> dict[str, _Remote | None] | None:
         """The objects under the destination (one LIST, not a HEAD each); None if denied."""
-        s3 = await self._s3()
         found: dict[str, _Remote | None] = {}
         token: str | None = None
         while True:
-            kw: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
-            if token:
-                kw["ContinuationToken"] = token
             try:
-                page = await self._retry(
-                    f"s3://{bucket}/{prefix}", lambda kw=kw: s3.list_objects_v2(**kw)
-                )
+                page = await self._list_page(bucket, prefix, token)
             except S3Error as exc:
                 if exc.code in _DENIED:  # may write but not list: check each object instead
                     return None
