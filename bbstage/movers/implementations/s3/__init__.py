@@ -8,7 +8,8 @@ our own asyncio code on that client, because batching and concurrency are where 
 * without ``checksum=``, small objects' GETs and single PUTs (up to ``fast.FAST_MAX``) go
   through obstore (Rust), a third of botocore's client CPU per request, same client
   settings and the credentials botocore resolved (``fast``), one request each; big GETs
-  are read straight into the file in a thread (``direct``: http.client, signed by botocore);
+  are read straight into the file in a thread (``direct``: http.client, signed by botocore),
+  and so are LIST pages, parsed with ElementTree (``listing``);
 * big uploads: multipart, ``part_size`` parts, at most ``max_concurrency`` parts in flight per
   transfer (which also bounds memory), aborted on any failure or cancel;
 * big downloads: one streamed GET (resumed with a ranged GET from the byte it reached after
@@ -21,7 +22,8 @@ dropped connections are transient (retried by the worker), the rest are permanen
 Modules, by concern: ``settings`` (``[s3]`` and mapped credentials: what the daemon reads),
 ``errors`` (URLs, error translation), ``common`` (the mover base both directions share),
 ``download`` (``S3Download``), ``upload`` (``S3ObjectUpload``), ``pieces`` (``S3Upload``: and
-one file's shares across nodes), ``fast`` (small objects via obstore), ``direct`` (big GETs).
+one file's shares across nodes), ``fast`` (small objects via obstore), ``direct`` (big GETs),
+``listing`` (LIST pages), ``timestamps`` (S3 times, parsed fast).
 """
 
 from bbstage.movers.implementations.s3.common import MTIME_KEY, checksum_key
