@@ -84,9 +84,9 @@ class Mover(ABC):
     """Moves data from one kind of location to another. One instance per transfer.
 
     ``plan`` lists what to copy (expanding trees and globs), as an iterable the worker reads
-    once, in order: a directory comes before anything in it. It may be a list (S3 listings)
-    or a lazy iterator (a local tree, walked as it is copied, so memory does not grow with
-    the number of files); errors about the source as a whole (missing, not a directory,
+    once, in order: a directory comes before anything in it. It may be a list (one object,
+    a glob of S3 keys) or a lazy iterator (a local tree walked, or an S3 prefix listed a
+    page at a time, as it is copied, so memory does not grow with the number of files); errors about the source as a whole (missing, not a directory,
     nothing matches) are raised by ``plan`` itself, errors met while walking by the
     iterator. ``copy`` copies one entry,
     writing to a temporary name beside the destination and renaming it into place only

@@ -135,7 +135,8 @@ class _S3Mover(Mover):
     ) -> dict[str, Any]:
         """One page of the keys under ``prefix`` (``Contents``, ``NextContinuationToken``
         as botocore names them), retried like a part: through ``lister`` where it serves."""
-        lister, s3 = self.lister, await self._s3()
+        s3 = await self._s3()  # first: it makes ``lister``
+        lister = self.lister
         kw: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
         if token:
             kw["ContinuationToken"] = token

@@ -8,7 +8,7 @@ import os
 import posixpath
 import re
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 from bbstage.movers import checksum, localfs
@@ -44,23 +44,26 @@ def _safe_rel(rel: str, url: str) -> str:
 class S3Download(_S3Mover):
     """``s3://bucket/key`` (or ``prefix/``, or a glob) to a local path."""
 
-    def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
+    def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> Iterable[FileTask]:
+        """A tree: streamed, a LIST page at a time (neither memory nor the wait before the
+        first copy grows with the number of objects); an object or a glob: a list."""
         self.url = src
-        return self._run(lambda: self._plan(src, dst, tree=tree, glob=glob))
+        bucket, key = split_url(src)
+        if (tree or not key) and not glob:
+            prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+            first = self._run(lambda: self._list_page(bucket, prefix))
+            if not first.get("Contents"):
+                raise TransferError(
+                    f"no such object: nothing under {src} (is the prefix right?)", permanent=True
+                )
+            return self._stream(bucket, prefix, first, dst.rstrip("/") or "/")
+        return self._run(lambda: self._plan(src, dst, glob=glob))
 
-    async def _plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
+    async def _plan(self, src: str, dst: str, *, glob: bool) -> list[FileTask]:
         await self._s3()
         bucket, key = split_url(src)
         if glob:
             return await self._plan_glob(bucket, key, dst)
-        if tree or not key:
-            prefix = key.rstrip("/") + "/" if key.strip("/") else ""
-            objects = await self._list(bucket, prefix)
-            if not objects:
-                raise TransferError(
-                    f"no such object: nothing under {src} (is the prefix right?)", permanent=True
-                )
-            return self._tasks(bucket, prefix, objects, dst.rstrip("/") or "/")
         try:
             head = await self._head(bucket, key)
         except TransferError as exc:
@@ -111,24 +114,39 @@ class S3Download(_S3Mover):
             raise TransferError(f"no such object: nothing matches s3://{bucket}/{pattern}")
         return [self._dir(d) for d in sorted(dirs)] + tasks
 
-    def _tasks(
-        self, bucket: str, prefix: str, objects: list[dict[str, Any]], dst: str
-    ) -> list[FileTask]:
-        files, dirs = [], {dst}
-        for obj in objects:
-            key = obj["Key"]
-            url = f"s3://{bucket}/{key}"
-            rel = key[len(prefix) :]
-            if key.endswith("/"):  # a "directory marker" object
-                if rel.strip("/"):
-                    dirs.add(posixpath.join(dst, _safe_rel(rel.rstrip("/"), url)))
-                continue
-            rel = _safe_rel(rel, url)
-            dirs.update(_parents(rel, dst))
-            files.append(
-                self._file(url, posixpath.join(dst, rel), obj["Size"], obj["LastModified"])
-            )
-        return [self._dir(d) for d in sorted(dirs)] + files
+    def _stream(
+        self, bucket: str, prefix: str, page: dict[str, Any], dst: str
+    ) -> Iterator[FileTask]:
+        """The tasks of the keys under ``prefix`` from ``page`` on, the next page listed
+        once this one is read; each directory before anything in it."""
+        made = {dst}
+        yield self._dir(dst)
+        while True:
+            for obj in page.get("Contents", []):
+                key = obj["Key"]
+                url, rel = f"s3://{bucket}/{key}", key[len(prefix) :]
+                if key.endswith("/"):  # a "directory marker" object
+                    if rel.strip("/"):
+                        path = posixpath.join(dst, _safe_rel(rel.rstrip("/"), url))
+                        yield from self._dirs(made, path)
+                    continue
+                target = posixpath.join(dst, _safe_rel(rel, url))
+                yield from self._dirs(made, posixpath.dirname(target))
+                yield self._file(url, target, obj["Size"], obj["LastModified"])
+            token = page.get("NextContinuationToken")
+            if not token:
+                return
+            page = self._run(lambda token=token: self._list_page(bucket, prefix, token))
+
+    def _dirs(self, made: set[str], path: str) -> Iterator[FileTask]:
+        """``path`` and the directories above it not ``made`` yet, outermost first."""
+        new = []
+        while path not in made and path != posixpath.dirname(path):
+            made.add(path)
+            new.append(path)
+            path = posixpath.dirname(path)
+        for each in reversed(new):
+            yield self._dir(each)
 
     def _file(self, src: str, dst: str, size: int, modified: Any) -> FileTask:
         mtime_ns = int(modified.timestamp() * 1e9) if modified is not None else None
