@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import signal
 import socket
 import threading
 import time
@@ -178,3 +179,30 @@ def corrupt_once(mover: Any, method: str) -> list[int]:
 
     setattr(mover._client, method, call)
     return calls
+
+
+def kill_with_a_temporary_file(dst: Path, workers: Callable[[], list[int]], daemon: int) -> None:
+    """Freeze the ``workers`` while a temporary file (``.*.part``) exists under ``dst`` (a
+    file can land between seeing its temporary name and the kill: CI saw that), then
+    SIGKILL them and the ``daemon`` (stopped first, so it cannot remove them), as a power
+    cut or an OOM kill would. Returns once the daemon is gone."""
+
+    def temps() -> list[Path]:
+        return list(dst.rglob(".*.part")) if dst.exists() else []
+
+    frozen: list[int] = []
+    for _ in range(20):
+        wait_until(temps, 120, f"a temporary file in {dst}")
+        frozen = workers()
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        if temps():
+            break
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    os.kill(daemon, signal.SIGSTOP)
+    for pid in frozen:
+        os.kill(pid, signal.SIGKILL)
+    os.kill(daemon, signal.SIGKILL)
+    wait_until(lambda: process_gone(daemon), 20, f"the killed daemon (pid {daemon}) to end")
+    assert temps(), "the kill came too late to leave a temporary file"

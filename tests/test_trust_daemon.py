@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import helpers
 from .helpers import make_tree, tree_digests, wait_until
 from .hookharness import REPO, Daemon, area, script, start_daemon, user_ids, user_tree
 
@@ -119,23 +120,9 @@ def test_a_killed_worker_is_run_again_and_the_job_completes(area: Path) -> None:
 
 
 def kill_with_a_temporary_file(d: Daemon, dst: Path, uid: int) -> None:
-    """Freeze the workers while a temporary file exists (a file can land between seeing its
-    temporary name and the kill: CI saw that), then kill them with the daemon, as a power
-    cut or an OOM kill would."""
-    for _ in range(20):
-        wait_until(lambda: dst.exists() and temps(dst), 60, "a temporary file in the destination")
-        frozen = workers(d, uid)
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
-        if temps(dst):
-            break
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
-    os.kill(d.proc.pid, signal.SIGSTOP)  # nor may the daemon remove them
-    for pid in frozen:
-        os.kill(pid, signal.SIGKILL)
-    d.kill()
-    assert temps(dst), "the kill came too late to leave a temporary file"
+    """The daemon and its workers killed while a temporary file exists (tests/helpers.py)."""
+    helpers.kill_with_a_temporary_file(dst, lambda: workers(d, uid), d.proc.pid)
+    d.proc.wait(20)
 
 
 def test_sigkill_of_the_daemon_leaves_no_temp_file_after_the_restart(area: Path) -> None:

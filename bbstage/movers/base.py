@@ -86,11 +86,11 @@ class Mover(ABC):
     ``plan`` lists what to copy (expanding trees and globs), as an iterable the worker reads
     once, in order: a directory comes before anything in it. It may be a list (one object,
     a glob of S3 keys) or a lazy iterator (a local tree walked, or an S3 prefix listed a
-    page at a time, as it is copied, so memory does not grow with the number of files); errors about the source as a whole (missing, not a directory,
-    nothing matches) are raised by ``plan`` itself, errors met while walking by the
-    iterator. ``copy`` copies one entry,
-    writing to a temporary name beside the destination and renaming it into place only
-    when complete and verified. ``exists`` tells whether a destination is already current.
+    page at a time, as it is copied, so memory does not grow with the number of files);
+    errors about the source as a whole (missing, not a directory, nothing matches) are
+    raised by ``plan`` itself, errors met while walking by the iterator. ``copy`` copies one
+    entry, writing to a temporary name beside the destination and renaming it into place
+    only when complete and verified. ``exists`` tells whether a destination is already current.
     """
 
     walk_apart = False  # walk a big tree in a process of its own (``bbstage.walkproc``)

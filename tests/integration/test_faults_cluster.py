@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from tests.campaign import worker_pids
-from tests.helpers import file_digest, make_tree, process_gone, wait_until
+from tests.helpers import (
+    file_digest,
+    kill_with_a_temporary_file,
+    make_tree,
+    process_gone,
+    wait_until,
+)
 
 from .conftest import REPO, USER, Cluster, as_user
 
@@ -135,21 +141,7 @@ def test_a_lost_state_after_a_killed_worker_leaves_no_temporary_file(
         workdir, f"#!/bin/bash\n#BB_LUA stage_in source={src}/ destination={dst}/\ntrue\n"
     )
     daemon = cluster.daemon_pid()
-    for _ in range(20):  # freeze the workers while a temporary file exists
-        wait_until(lambda: dst.exists() and temps(dst), 120, "a temporary file")
-        frozen = worker_pids(daemon)
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
-        if temps(dst):
-            break
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
-    os.kill(daemon, signal.SIGSTOP)  # nor may the daemon remove them
-    for pid in frozen:
-        os.kill(pid, signal.SIGKILL)
-    os.kill(daemon, signal.SIGKILL)
-    wait_until(lambda: process_gone(daemon), 20, f"the killed daemon (pid {daemon}) to end")
-    assert temps(dst), "the kill came too late to leave a temporary file"
+    kill_with_a_temporary_file(dst, lambda: worker_pids(daemon), daemon)
     for db in (cluster.dir / "bbstage").glob("state.db*"):
         db.unlink()
     cluster.up()

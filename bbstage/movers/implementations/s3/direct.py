@@ -129,11 +129,7 @@ class DirectGet:
         url, path, headers = request
         where = self._fast.endpoint
         try:
-            conn.connect()
-            assert conn.sock is not None
-            conn.sock.settimeout(self._fast.settings.read_timeout)
-            conn.request("GET", path, headers=headers)
-            resp = conn.getresponse()
+            resp = send(self._fast, conn, path, headers)
             if resp.status not in (200, 206):
                 raise client_error(resp.status, resp.read(1 << 16), "GetObject")
             if end is not None and resp.status != 206:
@@ -159,10 +155,7 @@ class DirectGet:
             if want > 0 and not stop.is_set():
                 raise TransferError(f"{url}: short read at byte {reached.pos}", permanent=False)
         except (OSError, http.client.HTTPException) as exc:  # ``write`` raises its own
-            raise TransferError(
-                f"connection to S3 endpoint {where} failed ({type(exc).__name__}): {url}",
-                permanent=False,
-            ) from None
+            raise connection_failed(self._fast, exc, url) from None
 
 
 def signed(
@@ -193,6 +186,26 @@ def connection(fast: FastS3) -> http.client.HTTPConnection:
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     return http.client.HTTPSConnection(
         endpoint.hostname, endpoint.port, timeout=timeout, context=context
+    )
+
+
+def send(
+    fast: FastS3, conn: http.client.HTTPConnection, target: str, headers: dict[str, str]
+) -> http.client.HTTPResponse:
+    """Open ``conn``, send the GET of ``target`` (from ``signed``), return the answer's
+    head; reads time out after ``[s3] read_timeout``."""
+    conn.connect()
+    assert conn.sock is not None
+    conn.sock.settimeout(fast.settings.read_timeout)
+    conn.request("GET", target, headers=headers)
+    return conn.getresponse()
+
+
+def connection_failed(fast: FastS3, exc: BaseException, url: str) -> TransferError:
+    """A socket or HTTP error of a request for ``url``: transient."""
+    return TransferError(
+        f"connection to S3 endpoint {fast.endpoint} failed ({type(exc).__name__}): {url}",
+        permanent=False,
     )
 
 

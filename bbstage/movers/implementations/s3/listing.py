@@ -18,8 +18,13 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from bbstage.movers.base import TransferError
-from bbstage.movers.implementations.s3.direct import client_error, connection, signed
+from bbstage.movers.implementations.s3.direct import (
+    client_error,
+    connection,
+    connection_failed,
+    send,
+    signed,
+)
 from bbstage.movers.implementations.s3.fast import FastS3
 from bbstage.movers.implementations.s3.timestamps import parse_timestamp
 
@@ -50,18 +55,10 @@ class DirectList:
     def _get(self, url: str, target: str, headers: dict[str, str]) -> dict[str, Any]:
         conn = connection(self._fast)
         try:
-            conn.connect()
-            assert conn.sock is not None
-            conn.sock.settimeout(self._fast.settings.read_timeout)
-            conn.request("GET", target, headers=headers)
-            resp = conn.getresponse()
+            resp = send(self._fast, conn, target, headers)
             body = resp.read()
         except (OSError, http.client.HTTPException) as exc:
-            raise TransferError(
-                f"connection to S3 endpoint {self._fast.endpoint} failed"
-                f" ({type(exc).__name__}): {url}",
-                permanent=False,
-            ) from None
+            raise connection_failed(self._fast, exc, url) from None
         finally:
             conn.close()
         if resp.status != 200:
