@@ -22,7 +22,7 @@ from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
 from bbstage.movers import Cancelled, TransferError
 from bbstage.movers.implementations import s3 as s3mover
-from bbstage.protocol import BUSY, OK, Reply, Request
+from bbstage.protocol import BUSY, ERROR, OK, Reply, Request
 from bbstage.state import (
     CANCELLED,
     DONE,
@@ -343,9 +343,10 @@ class Engine:
         return job or self._known(req)
 
     async def _polled(self, req: Request, verb: str) -> Reply:
-        if self.store.job(req.job_id) is None:
+        reply = self._test(req.job_id, verb)  # every PollInterval: one lookup when known
+        if reply.status == ERROR and self.store.job(req.job_id) is None:
             await self._sweep_lost(req)
-        return self._test(req.job_id, verb)
+        return reply
 
     async def _sweep_lost(self, req: Request) -> None:
         """A job the daemon has no record of (its state was lost, or setup refused it): no

@@ -379,6 +379,18 @@ def test_a_restart_marks_the_attempts_it_stopped_lost_and_resumes_with_a_new_one
     assert nodes.at_submit == [[(next(iter(nodes.tell)), "running")]]
 
 
+def lost_part(area: Path, job_id: str) -> tuple[Path, Path]:
+    """A destination directory of the user's, and a killed worker's temporary file of job
+    ``job_id`` in it: (directory, file)."""
+    dest = area / "in"
+    dest.mkdir()
+    os.chown(dest, UID, GID)
+    part = dest / f".big.bin.bbstage-{job_id}-0123abcd.part"
+    part.write_bytes(b"partial")
+    os.chown(part, UID, GID)
+    return dest, part
+
+
 @pytest.mark.parametrize("op", ["teardown", "test_data_in"])
 def test_a_hook_for_a_job_the_daemon_lost_removes_its_temporary_files(
     engine: Engine, area: Path, op: str
@@ -386,12 +398,7 @@ def test_a_hook_for_a_job_the_daemon_lost_removes_its_temporary_files(
     """Its worker was killed, then the daemon and its state before the worker's temporary
     file was removed: the script Slurm kept says where to look. (24.11 holds such a job at
     test_data_in, and may remove the script of a held job cancelled before teardown.)"""
-    dest = area / "in"
-    dest.mkdir()
-    os.chown(dest, UID, GID)
-    part = dest / ".big.bin.bbstage-14-0123abcd.part"
-    part.write_bytes(b"partial")
-    os.chown(part, UID, GID)
+    dest, part = lost_part(area, "14")
     job = area / "script"
     job.write_text(script(f"stage_in source=/data/big.bin destination={dest}/big.bin"))
     ask(engine, op, job_id="15", hurry=True, uid=UID, gid=GID, script_path=str(job))
@@ -406,12 +413,7 @@ def test_a_blocking_data_in_of_a_lost_job_removes_its_temporary_files(
     engine: Engine, area: Path
 ) -> None:
     """22.05's data_in carries the script but no uid: the job cannot be made again."""
-    dest = area / "in"
-    dest.mkdir()
-    os.chown(dest, UID, GID)
-    part = dest / ".big.bin.bbstage-16-0123abcd.part"
-    part.write_bytes(b"partial")
-    os.chown(part, UID, GID)
+    dest, part = lost_part(area, "16")
     lines = (f"stage_in source=/data/big.bin destination={dest}/big.bin",)
     status, message = ask(engine, "data_in", job_id="16", script=script(*lines), wait=True)
     assert status == "error" and "unknown to the staging daemon" in message

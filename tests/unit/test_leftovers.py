@@ -11,9 +11,19 @@ from bbstage import leftovers
 NOBODY = 65534
 
 
-def temp(directory: Path, name: str, job: str = "7", suffix: str = "") -> Path:
+def temp(
+    directory: Path, name: str, job: str = "7", suffix: str = "", owner: int | None = None
+) -> Path:
     path = directory / f".{name}.bbstage-{job}-0123abcd{suffix}.part"
     path.write_bytes(b"partial")
+    if owner is not None:
+        os.chown(path, owner, owner)
+    return path
+
+
+def owned_dir(path: Path, owner: int) -> Path:
+    path.mkdir()
+    os.chown(path, owner, owner)
     return path
 
 
@@ -74,15 +84,11 @@ def test_a_missing_directory_is_no_error(tmp_path: Path) -> None:
 def test_files_are_removed_as_their_owner_never_as_root(area: Path) -> None:
     """nobody's file in nobody's directory goes; nobody's file in a directory only root may
     write stays (root could remove it); root's file stays (root is never assumed)."""
-    theirs = area / "theirs"
-    theirs.mkdir()
-    os.chown(theirs, NOBODY, NOBODY)
-    gone = temp(theirs, "a")
-    os.chown(gone, NOBODY, NOBODY)
+    theirs = owned_dir(area / "theirs", NOBODY)
+    gone = temp(theirs, "a", owner=NOBODY)
     locked = area / "locked"
     locked.mkdir(mode=0o755)
-    stays = temp(locked, "b")
-    os.chown(stays, NOBODY, NOBODY)
+    stays = temp(locked, "b", owner=NOBODY)
     roots = temp(theirs, "c")
     found = leftovers.find([(str(theirs), False), (str(locked), False)], "7")
     assert leftovers.remove(found, "7") == 1
@@ -90,11 +96,8 @@ def test_files_are_removed_as_their_owner_never_as_root(area: Path) -> None:
 
 
 def test_sweep_finds_them_from_the_script_slurm_kept(area: Path) -> None:
-    dest = area / "dest"
-    dest.mkdir()
-    os.chown(dest, NOBODY, NOBODY)
-    part = temp(dest, "in.bin")
-    os.chown(part, NOBODY, NOBODY)
+    dest = owned_dir(area / "dest", NOBODY)
+    part = temp(dest, "in.bin", owner=NOBODY)
     job = area / "script"
     job.write_bytes(f"#!/bin/bash\n#BB_LUA stage_in source=/a destination={dest}/in.bin\n".encode())
     assert leftovers.read(str(area / "no-script"), "7") is None

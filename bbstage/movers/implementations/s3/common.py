@@ -136,18 +136,15 @@ class _S3Mover(Mover):
         """One page of the keys under ``prefix`` (``Contents``, ``NextContinuationToken``
         as botocore names them), retried like a part: through ``lister`` where it serves."""
         s3 = await self._s3()  # first: it makes ``lister``
-        lister = self.lister
+        lister, what = self.lister, f"s3://{bucket}/{prefix}"
+        if lister is not None:
+            return await self._retry(what, lambda: lister.page(bucket, prefix, token, limit))
         kw: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
         if token:
             kw["ContinuationToken"] = token
         if limit:
             kw["MaxKeys"] = limit
-        return await self._retry(
-            f"s3://{bucket}/{prefix}",
-            (lambda: lister.page(bucket, prefix, token, limit))
-            if lister is not None
-            else (lambda: s3.list_objects_v2(**kw)),
-        )
+        return await self._retry(what, lambda: s3.list_objects_v2(**kw))
 
     async def _head(self, bucket: str, key: str) -> dict[str, Any]:
         """HEAD an object. A HEAD answer has no body, so a 403 does not say why: ask again with
