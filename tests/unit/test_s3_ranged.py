@@ -24,7 +24,7 @@ from tests.s3fault import FaultProxy
 
 CREDS = {"key": "testing", "secret": "testing"}
 SMALL = {"part_size": "5M", "multipart_threshold": "8M"}
-SIZE = (23 << 20) + 12345  # five ranges of 5 MiB, the last one short
+SIZE = (23 << 20) + 12345  # four ranges of a quarter, or five of part_size (5 MiB)
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +82,14 @@ def test_ranges_reassemble_into_the_object(
     bucket, src = big
     dst = tmp_path / "copy"
     fetch(f"s3://{bucket}/big", dst, endpoint, download_concurrency=4)
-    assert sorted(ranges) == [(i * (5 << 20), min(5 << 20, SIZE - i * (5 << 20))) for i in range(5)]
+    step = -(-SIZE // 4)  # four equal ranges (each above part_size), the last one short
+    assert sorted(ranges) == [(i * step, min(step, SIZE - i * step)) for i in range(4)]
     assert file_digest(dst) == file_digest(src)
     assert [p.name for p in tmp_path.iterdir()] == ["copy"]  # no temporary file left
+    ranges.clear()  # more ways than part_size allows: ranges of part_size
+    fetch(f"s3://{bucket}/big", tmp_path / "again", endpoint, download_concurrency=8)
+    assert sorted(ranges) == [(i * (5 << 20), min(5 << 20, SIZE - i * (5 << 20))) for i in range(5)]
+    assert file_digest(tmp_path / "again") == file_digest(src)
 
 
 def test_cut_ranges_resume_and_reassemble(

@@ -268,10 +268,13 @@ class S3Download(_S3Mover):
         progress: _Counted,
         seen: dict[str, Any],
     ) -> None:
-        """The ``count`` bytes at ``offset``, in ``part_size`` parts, at most
-        ``download_concurrency`` at once."""
-        step, end = self.settings.part_size, offset + count
-        slots = asyncio.Semaphore(self.settings.download_concurrency)
+        """The ``count`` bytes at ``offset`` as ``download_concurrency`` ranges of equal
+        size (each at least ``part_size``), all at once: one long GET per connection, as
+        the store reads ahead within a GET (1 GiB from RGW: 6% faster than 16 MiB parts
+        fetched 4 at a time; docs/performance.md). A cut range resumes where it stopped."""
+        ways = self.settings.download_concurrency
+        step, end = max(self.settings.part_size, -(-count // ways)), offset + count
+        slots = asyncio.Semaphore(ways)
 
         async def part(start: int) -> None:
             async with slots:

@@ -29,7 +29,7 @@ class S3Settings:
     part_size: int = 16 * MiB
     multipart_threshold: int = 32 * MiB
     max_concurrency: int = 8  # upload parts in flight per transfer
-    download_concurrency: int = 1  # ranged GETs per big download (1 = one streamed GET)
+    download_concurrency: int = 4  # ranged GETs at once per big download (1 = one streamed GET)
     files_in_flight: int = 16  # objects moving at once
     max_pool_connections: int = 32
     connect_timeout: float = 10.0
