@@ -142,6 +142,36 @@ def test_lean_listing_reads_rgw_as_botocore_does(s3: S3Env, tmp_path: Path) -> N
     assert e.value.permanent and "SignatureDoesNotMatch" in str(e.value)
 
 
+def test_lean_head_reads_rgw_as_botocore_does(s3: S3Env) -> None:
+    """s3/head.py on RGW: real signatures of odd keys; size, time, ETag and user metadata
+    as botocore reads them. (Its refusals: the test below stages single objects.)"""
+    import asyncio
+
+    from bbstage.movers.implementations.s3.head import DirectHead
+    from bbstage.movers.implementations.s3.settings import S3Settings
+
+    bucket = s3.create_bucket(owner=USER)
+    client = s3.client(USER)
+    keys = s3.keys(USER)
+
+    class Fast:  # what DirectHead asks of FastS3, with bbuser1's keys
+        endpoint, region, settings = s3.endpoint, "us-east-1", S3Settings()
+
+        @staticmethod
+        async def credentials() -> tuple[str, str, None]:
+            return keys.key, keys.secret, None
+
+    def fields(answer: dict[str, Any]) -> tuple[Any, ...]:
+        meta = {k.lower(): v for k, v in answer["Metadata"].items()}
+        return answer["ContentLength"], answer["LastModified"], answer["ETag"], meta
+
+    for name in ["p ä+%/ctl\x01x", "a b", "plus+", "q?x#", "~t;,=&"]:
+        client.put_object(Bucket=bucket, Key=name, Body=name.encode(), Metadata={"m": "v 1"})
+        ours = asyncio.run(DirectHead(Fast()).head(bucket, name))  # type: ignore[arg-type]
+        assert fields(ours) == fields(client.head_object(Bucket=bucket, Key=name))
+        assert ours["Metadata"] == {"m": "v 1"}
+
+
 def test_errors_name_the_url_and_the_users_own_credentials_are_enforced(
     s3: S3Env, tmp_path: Path
 ) -> None:

@@ -254,6 +254,9 @@ def test_endpoint_unreachable_is_transient_and_named(tmp_path: Path) -> None:
     with pytest.raises(TransferError, match=f"S3 endpoint not reachable: {url}") as e:
         mover.plan("s3://bkt-x/k", str(tmp_path / "k"), tree=False, glob=False)
     assert not e.value.permanent
+    with pytest.raises(TransferError, match=f"S3 endpoint not reachable: {url}") as e:
+        mover.plan("s3://bkt-x/p/", str(tmp_path / "p"), tree=True, glob=False)  # a LIST
+    assert not e.value.permanent
     mover.close()
 
 

@@ -9,11 +9,12 @@ our own asyncio code on that client, because batching and concurrency are where 
   through obstore (Rust), a third of botocore's client CPU per request, same client
   settings and the credentials botocore resolved (``fast``), one request each; big GETs
   are read straight into the file in a thread (``direct``: http.client, signed by botocore),
-  and so are LIST pages, parsed with ElementTree (``listing``);
+  and so are LIST pages, parsed with ElementTree (``listing``), and HEADs (``head``);
 * big uploads: multipart, ``part_size`` parts, at most ``max_concurrency`` parts in flight per
   transfer (which also bounds memory), aborted on any failure or cancel;
-* big downloads: one streamed GET (resumed with a ranged GET from the byte it reached after
-  a dropped connection), or ``download_concurrency`` such ranges written with ``pwrite``.
+* big downloads: ``download_concurrency`` ranges of equal size at once, each one long GET
+  written with ``pwrite`` (resumed with a ranged GET from the byte it reached after a
+  dropped connection), or one streamed GET (``download_concurrency = 1``).
 
 Downloads write a temporary file beside the destination and rename it into place when the
 size is right (``localfs.atomic_file``). Errors name the ``s3://`` URL; throttling, 5xx and
@@ -23,7 +24,7 @@ Modules, by concern: ``settings`` (``[s3]`` and mapped credentials: what the dae
 ``errors`` (URLs, error translation), ``common`` (the mover base both directions share),
 ``download`` (``S3Download``), ``upload`` (``S3ObjectUpload``), ``pieces`` (``S3Upload``: and
 one file's shares across nodes), ``fast`` (small objects via obstore), ``direct`` (big GETs),
-``listing`` (LIST pages), ``timestamps`` (S3 times, parsed fast).
+``listing`` (LIST pages), ``head`` (HEADs), ``timestamps`` (S3 times, parsed fast).
 """
 
 from bbstage.movers.implementations.s3.common import MTIME_KEY, checksum_key

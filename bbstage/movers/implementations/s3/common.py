@@ -20,6 +20,7 @@ from bbstage.movers.base import (
 from bbstage.movers.implementations.s3.direct import DirectGet
 from bbstage.movers.implementations.s3.errors import S3Error, _user, translate
 from bbstage.movers.implementations.s3.fast import FastS3, is_obstore_error, translate_obstore
+from bbstage.movers.implementations.s3.head import DirectHead
 from bbstage.movers.implementations.s3.listing import DirectList
 from bbstage.movers.implementations.s3.settings import S3Settings
 from bbstage.movers.implementations.s3.timestamps import parse_timestamp
@@ -63,6 +64,7 @@ class _S3Mover(Mover):
         self.fast: FastS3 | None = None  # small whole-object GETs/PUTs (s3/fast.py)
         self.direct: DirectGet | None = None  # big GETs straight into the file (s3/direct.py)
         self.lister: DirectList | None = None  # LIST pages parsed lean (s3/listing.py)
+        self.header: DirectHead | None = None  # HEADs without botocore (s3/head.py)
 
     # The filesystem and client are built lazily, on the loop, in the worker's identity.
     def _filesystem(self) -> Any:
@@ -81,6 +83,7 @@ class _S3Mover(Mover):
                 self.fast = FastS3(self._client, session, creds, self.settings)
                 if DirectGet.available(self.endpoint or ""):
                     self.direct, self.lister = DirectGet(self.fast), DirectList(self.fast)
+                    self.header = DirectHead(self.fast)
         return self._client
 
     def _run(self, make: Callable[[], Awaitable[T]], cancel: threading.Event | None = None) -> T:
@@ -149,9 +152,11 @@ class _S3Mover(Mover):
     async def _head(self, bucket: str, key: str) -> dict[str, Any]:
         """HEAD an object. A HEAD answer has no body, so a 403 does not say why: ask again with
         a one-byte GET, whose error names the cause (bad signature, unknown key, denied)."""
-        s3 = await self._s3()
-        url = f"s3://{bucket}/{key}"
+        s3 = await self._s3()  # first: it makes ``header``
+        url, header = f"s3://{bucket}/{key}", self.header
         try:
+            if header is not None:
+                return await self._retry(url, lambda: header.head(bucket, key))
             return await self._retry(url, lambda: s3.head_object(Bucket=bucket, Key=key))
         except S3Error as exc:
             if exc.code != "403":

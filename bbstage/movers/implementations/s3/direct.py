@@ -72,8 +72,7 @@ class DirectGet:
         is stopped and joined before this returns or raises, also when cancelled, so the
         caller may close ``fd`` at once."""
         creds = await self._fast.credentials()
-        base = self._fast.endpoint.rstrip("/")
-        url = f"{base}/{urllib.parse.quote(bucket)}/{urllib.parse.quote(key, safe='/~')}"
+        url = object_url(self._fast, bucket, key)
         headers = {} if end is None else {"Range": f"bytes={reached.pos}-{end - 1}"}
         request = (f"s3://{bucket}/{key}", *signed(self._fast, url, headers, creds))
         loop = asyncio.get_running_loop()
@@ -158,16 +157,26 @@ class DirectGet:
             raise connection_failed(self._fast, exc, url) from None
 
 
+def object_url(fast: FastS3, bucket: str, key: str) -> str:
+    """The URL of an object on ``fast``'s endpoint (path-style), quoted as SigV4 signs it."""
+    base = fast.endpoint.rstrip("/")
+    return f"{base}/{urllib.parse.quote(bucket)}/{urllib.parse.quote(key, safe='/~')}"
+
+
 def signed(
-    fast: FastS3, url: str, headers: dict[str, str], creds: tuple[str, str, str | None]
+    fast: FastS3,
+    url: str,
+    headers: dict[str, str],
+    creds: tuple[str, str, str | None],
+    method: str = "GET",
 ) -> tuple[str, dict[str, str]]:
-    """A GET of ``url`` (on ``fast``'s endpoint) signed by botocore (SigV4): the path and
-    query to send, and the headers."""
+    """A request for ``url`` (on ``fast``'s endpoint) signed by botocore (SigV4): the path
+    and query to send, and the headers."""
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
-    request = AWSRequest(method="GET", url=url, headers=headers)
+    request = AWSRequest(method=method, url=url, headers=headers)
     S3SigV4Auth(Credentials(*creds), "s3", fast.region).add_auth(request)
     parts = urllib.parse.urlsplit(url)
     target = f"{parts.path}?{parts.query}" if parts.query else parts.path
@@ -190,19 +199,36 @@ def connection(fast: FastS3) -> http.client.HTTPConnection:
 
 
 def send(
-    fast: FastS3, conn: http.client.HTTPConnection, target: str, headers: dict[str, str]
+    fast: FastS3,
+    conn: http.client.HTTPConnection,
+    target: str,
+    headers: dict[str, str],
+    method: str = "GET",
 ) -> http.client.HTTPResponse:
-    """Open ``conn``, send the GET of ``target`` (from ``signed``), return the answer's
-    head; reads time out after ``[s3] read_timeout``."""
-    conn.connect()
+    """Open ``conn``, send the request for ``target`` (from ``signed``), return the
+    answer's head; reads time out after ``[s3] read_timeout``."""
+    try:
+        conn.connect()
+    except ssl.SSLError:
+        raise  # reached, but its certificate or TLS refused: said as it is
+    except OSError as exc:
+        raise Unreachable(*exc.args) from exc
     assert conn.sock is not None
     conn.sock.settimeout(fast.settings.read_timeout)
-    conn.request("GET", target, headers=headers)
+    conn.request(method, target, headers=headers)
     return conn.getresponse()
 
 
+class Unreachable(ConnectionError):
+    """The endpoint did not take the connection (refused, no route, timed out, no name)."""
+
+
 def connection_failed(fast: FastS3, exc: BaseException, url: str) -> TransferError:
-    """A socket or HTTP error of a request for ``url``: transient."""
+    """A socket or HTTP error of a request for ``url``: transient, worded as botocore's
+    are (``errors.translate``)."""
+    if isinstance(exc, Unreachable):
+        where = fast.endpoint
+        return TransferError(f"S3 endpoint not reachable: {where} (for {url})", permanent=False)
     return TransferError(
         f"connection to S3 endpoint {fast.endpoint} failed ({type(exc).__name__}): {url}",
         permanent=False,

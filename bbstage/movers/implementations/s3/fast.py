@@ -61,8 +61,10 @@ class FastS3:
         if self._static:
             return self._static["key"], self._static["secret"], self._static.get("token")
         creds = await self._session.get_credentials()
-        if creds is None:
-            raise TransferError("no S3 credentials", permanent=True)
+        if creds is None:  # as botocore raises it: errors.translate names the user and the fix
+            from botocore.exceptions import NoCredentialsError
+
+            raise NoCredentialsError()
         frozen = await creds.get_frozen_credentials()
         return frozen.access_key, frozen.secret_key, frozen.token
 
