@@ -287,13 +287,14 @@ def test_cancel_aborts_the_multipart_upload(
         client.head_object(Bucket=bucket, Key="big")
 
 
+@pytest.mark.parametrize("now", [10, 2000], ids=["shrank", "grew"])
 def test_failed_download_leaves_no_file_and_takes_back_progress(
-    tmp_path: Path, endpoint: str, client: Any, bucket: str
+    tmp_path: Path, endpoint: str, client: Any, bucket: str, now: int
 ) -> None:
     client.put_object(Bucket=bucket, Key="k", Body=b"x" * 1000)
     mover = s3m.S3Download(MoverOptions(extra=extra(endpoint)))
     [task] = mover.plan(f"s3://{bucket}/k", str(tmp_path / "k"), tree=False, glob=False)
-    client.put_object(Bucket=bucket, Key="k", Body=b"y" * 10)  # changed after planning
+    client.put_object(Bucket=bucket, Key="k", Body=b"y" * now)  # changed after planning
     added: list[int] = []
 
     class P:

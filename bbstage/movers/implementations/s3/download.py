@@ -196,7 +196,7 @@ class S3Download(_S3Mover):
         assert self.fast is not None
         fast = self.fast
         bucket, key = split_url(task.src)
-        data = await self._retry(task.src, lambda: fast.get(bucket, key))
+        data = await self._retry(task.src, lambda: fast.get(bucket, key, task.size))
         if len(data) != task.size:
             raise TransferError(
                 f"{task.src} changed while staging: it has {len(data)} bytes, {task.size} when"
