@@ -571,3 +571,42 @@ def test_pieces_of_two_versions_of_the_source_are_never_assembled(
     assert isinstance(failed, Failed) and not failed.permanent
     assert "different versions" in failed.message
     assert client.list_objects_v2(Bucket=bucket).get("Contents", []) == []
+
+
+def test_objects_read_whole_above_fast_max_are_bounded_by_max_concurrency(
+    tmp_path: Path, endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Single PUTs hold the file in memory: those above ``FAST_MAX`` (up to
+    ``multipart_threshold``) take a part slot, so at most ``max_concurrency`` at once,
+    however many files are in flight; smaller ones are not held back."""
+    import asyncio
+
+    from bbstage.movers.implementations.s3 import upload
+
+    monkeypatch.setattr(upload, "FAST_MAX", 50_000)
+    busy, peak = {"big": 0, "small": 0}, {"big": 0, "small": 0}
+    real = upload.S3ObjectUpload._put
+
+    async def spy(self: Any, s3: Any, bucket: str, key: str, task: FileTask, *a: Any) -> None:
+        kind = "big" if task.size > 50_000 else "small"
+        busy[kind] += 1
+        peak[kind] = max(peak[kind], busy[kind])
+        await asyncio.sleep(0.02)  # long enough for the others to start, if they may
+        try:
+            await real(self, s3, bucket, key, task, *a)
+        finally:
+            busy[kind] -= 1
+
+    monkeypatch.setattr(upload.S3ObjectUpload, "_put", spy)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(12):
+        (src / f"big{i}").write_bytes(os.urandom(60_000))
+        (src / f"small{i}").write_bytes(os.urandom(100))
+    run(f"{src}/", f"s3://{bucket}/m/", endpoint, files_in_flight=12, max_concurrency=2)
+    assert peak == {"big": 2, "small": peak["small"]} and peak["small"] > 2
+    dst = tmp_path / "dst"
+    run(f"s3://{bucket}/m/", f"{dst}/", endpoint)
+    assert {p.name: file_digest(p) for p in dst.iterdir()} == {
+        p.name: file_digest(p) for p in src.iterdir()
+    }

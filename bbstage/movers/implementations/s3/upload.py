@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import email.utils
 import hashlib
 import os
@@ -192,7 +193,12 @@ class S3ObjectUpload(_S3Mover):
             # than the file's, so the next run sends the file again.
             meta = {MTIME_KEY: str(st.st_mtime_ns)}
             if size < self.settings.multipart_threshold:
-                await self._put(s3, bucket, key, task, fd, meta)
+                # Read whole into memory: above FAST_MAX only max_concurrency at once (as
+                # parts), so memory stays files_in_flight x FAST_MAX + that.
+                slots = self._part_slots if size > FAST_MAX else contextlib.nullcontext()
+                assert slots is not None
+                async with slots:
+                    await self._put(s3, bucket, key, task, fd, meta)
                 counted.add(size)
             else:
                 await self._multipart(s3, bucket, key, task, fd, counted, meta)
