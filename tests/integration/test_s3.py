@@ -87,6 +87,22 @@ def test_big_objects_with_odd_keys_come_straight_into_the_file(
     assert "o d/odd dir/ä ö+%20&=?#~;,.dat" in calls and len(calls) == 2 + 2 + 2
 
 
+def fast_of(s3: S3Env, user: str) -> Any:
+    """What the lean clients (DirectList, DirectHead) ask of ``FastS3``, with ``user``'s keys."""
+    from bbstage.movers.implementations.s3.settings import S3Settings
+
+    keys = s3.keys(user)
+
+    class Fast:
+        endpoint, region, settings = s3.endpoint, "us-east-1", S3Settings()
+
+        @staticmethod
+        async def credentials() -> tuple[str, str, None]:
+            return keys.key, keys.secret, None
+
+    return Fast()
+
+
 def test_lean_listing_reads_rgw_as_botocore_does(s3: S3Env, tmp_path: Path) -> None:
     """s3/listing.py on RGW: real signatures of an odd prefix and tokens, keys XML cannot
     carry, pages of 1,000; a wrong secret on a LIST says what to fix."""
@@ -103,15 +119,8 @@ def test_lean_listing_reads_rgw_as_botocore_does(s3: S3Env, tmp_path: Path) -> N
         client.put_object(Bucket=bucket, Key=prefix + name, Body=b"x")
     keys = s3.keys(USER)
 
-    class Fast:  # what DirectList asks of FastS3, with bbuser1's keys
-        endpoint, region, settings = s3.endpoint, "us-east-1", S3Settings()
-
-        @staticmethod
-        async def credentials() -> tuple[str, str, None]:
-            return keys.key, keys.secret, None
-
     async def ours() -> list[tuple[str, int]]:
-        lister, out, token = DirectList(Fast()), [], None  # type: ignore[arg-type]
+        lister, out, token = DirectList(fast_of(s3, USER)), [], None
         while True:
             page = await lister.page(bucket, prefix, token)
             out += [(o["Key"], o["Size"]) for o in page["Contents"]]
@@ -148,18 +157,9 @@ def test_lean_head_reads_rgw_as_botocore_does(s3: S3Env) -> None:
     import asyncio
 
     from bbstage.movers.implementations.s3.head import DirectHead
-    from bbstage.movers.implementations.s3.settings import S3Settings
 
     bucket = s3.create_bucket(owner=USER)
     client = s3.client(USER)
-    keys = s3.keys(USER)
-
-    class Fast:  # what DirectHead asks of FastS3, with bbuser1's keys
-        endpoint, region, settings = s3.endpoint, "us-east-1", S3Settings()
-
-        @staticmethod
-        async def credentials() -> tuple[str, str, None]:
-            return keys.key, keys.secret, None
 
     def fields(answer: dict[str, Any]) -> tuple[Any, ...]:
         meta = {k.lower(): v for k, v in answer["Metadata"].items()}
@@ -167,7 +167,7 @@ def test_lean_head_reads_rgw_as_botocore_does(s3: S3Env) -> None:
 
     for name in ["p ä+%/ctl\x01x", "a b", "plus+", "q?x#", "~t;,=&"]:
         client.put_object(Bucket=bucket, Key=name, Body=name.encode(), Metadata={"m": "v 1"})
-        ours = asyncio.run(DirectHead(Fast()).head(bucket, name))  # type: ignore[arg-type]
+        ours = asyncio.run(DirectHead(fast_of(s3, USER)).head(bucket, name))
         assert fields(ours) == fields(client.head_object(Bucket=bucket, Key=name))
         assert ours["Metadata"] == {"m": "v 1"}
 
