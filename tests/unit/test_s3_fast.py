@@ -98,3 +98,32 @@ def test_obstore_only_for_a_sites_own_endpoint_with_path_addressing(
 
     settings = S3Settings.from_config({"addressing_style": style} if style else {})
     assert fast.FastS3.available(settings, endpoint) is used
+
+
+@pytest.mark.parametrize(
+    ("text", "permanent", "code"),
+    [
+        (
+            "Generic S3 error: Error performing GET http://127.0.0.1:39717/b/k in 1ms - Server"
+            " returned non-2xx status code: 400 Bad Request: <Error/>",
+            True,
+            "400",
+        ),
+        (
+            "Generic S3 error: Error performing GET http://10.0.0.1:7480/b/k in 9ms, after 2"
+            " retries - Server returned non-2xx status code: 503 Service Unavailable",
+            False,
+            "503",
+        ),
+        ("Generic S3 error: Client error with status 416 Range Not Satisfiable", True, "416"),
+        ("Generic S3 error: connection reset by 127.0.0.1:7480", False, ""),
+    ],
+)
+def test_obstore_errors_are_read_by_their_http_status_not_the_address(
+    text: str, permanent: bool, code: str
+) -> None:
+    """The status is the one obstore names: the "127" of the endpoint's address is none."""
+    from bbstage.movers.implementations.s3.fast import ObstoreError, translate_obstore
+
+    err = translate_obstore(ObstoreError(Exception(text)), "s3://b/k", "who", "http://x")
+    assert (err.permanent, getattr(err, "code", None)) == (permanent, code)

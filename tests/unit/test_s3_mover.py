@@ -287,7 +287,7 @@ def test_cancel_aborts_the_multipart_upload(
         client.head_object(Bucket=bucket, Key="big")
 
 
-@pytest.mark.parametrize("now", [10, 2000], ids=["shrank", "grew"])
+@pytest.mark.parametrize("now", [10, 2000, 0], ids=["shrank", "grew", "emptied"])
 def test_failed_download_leaves_no_file_and_takes_back_progress(
     tmp_path: Path, endpoint: str, client: Any, bucket: str, now: int
 ) -> None:

@@ -20,7 +20,9 @@ from bbstage.movers.implementations.s3.errors import S3Error
 from bbstage.movers.implementations.s3.settings import MiB, S3Settings
 
 FAST_MAX = 8 * MiB  # larger objects: direct GETs, and multipart uploads through botocore
-_STATUS = re.compile(r"\b([1-5]\d\d)\b")
+# obstore's words for the HTTP status ("... non-2xx status code: 416 Range Not Satisfiable",
+# "Client error with status 400"); not any three digits, which the endpoint's address has.
+_STATUS = re.compile(r"\bstatus(?: code)?:? ([1-5]\d\d)\b")
 
 
 class FastS3:
