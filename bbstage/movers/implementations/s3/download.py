@@ -21,7 +21,7 @@ from bbstage.movers.implementations.s3.common import (
     checksum_key,
 )
 from bbstage.movers.implementations.s3.direct import Reached
-from bbstage.movers.implementations.s3.errors import _NOT_FOUND, S3Error, split_url
+from bbstage.movers.implementations.s3.errors import _NOT_FOUND, split_url
 from bbstage.movers.implementations.s3.fast import FAST_MAX
 from bbstage.movers.implementations.s3.settings import MiB
 
@@ -196,12 +196,7 @@ class S3Download(_S3Mover):
         assert self.fast is not None
         fast = self.fast
         bucket, key = split_url(task.src)
-        try:
-            data = await self._retry(task.src, lambda: fast.get(bucket, key, task.size))
-        except S3Error as exc:
-            if exc.code != "416":  # no byte in the range asked: the object is empty now
-                raise
-            data = b""
+        data = await self._retry(task.src, lambda: fast.get(bucket, key, task.size))
         if len(data) != task.size:
             raise TransferError(
                 f"{task.src} changed while staging: it has {len(data)} bytes, {task.size} when"

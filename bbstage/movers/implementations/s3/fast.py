@@ -113,7 +113,8 @@ class FastS3:
         """The object planned at ``size`` bytes, as obstore's buffer (not copied): bytes
         0..``size`` asked in one call (one wake-up of the event loop where a GET and then
         its body took two), one byte past the planned end so that an object that grew
-        since is seen (an empty one: a plain GET, as a Range on it is refused)."""
+        since is seen (an empty one: a plain GET, as a Range on it is refused; so is the
+        Range on an object emptied since it was planned: no bytes)."""
         import obstore
 
         store = await self.store(bucket)
@@ -123,6 +124,8 @@ class FastS3:
             result = await obstore.get_async(store, key)
             return await result.bytes_async()
         except Exception as exc:
+            if size and _status(str(exc)) == 416:
+                return b""
             raise ObstoreError(exc) from exc
 
     async def put(self, bucket: str, key: str, data: bytes, meta: dict[str, str]) -> None:
@@ -172,8 +175,7 @@ def translate_obstore(exc: BaseException, url: str, who: str, where: str) -> Tra
             permanent=True,
             code="403",
         )
-    found = _STATUS.search(text)
-    status = int(found.group(1)) if found else 0
+    status = _status(text)
     if status and 400 <= status < 500 and status not in (408, 429):
         return S3Error(f"S3 error {status}: {text}: {url}", permanent=True, code=str(status))
     # 5xx, throttling, dropped or cut connections, timeouts: the worker retries the file.
@@ -182,3 +184,9 @@ def translate_obstore(exc: BaseException, url: str, who: str, where: str) -> Tra
         permanent=False,
         code=str(status or ""),
     )
+
+
+def _status(text: str) -> int:
+    """The HTTP status an obstore error names, or 0."""
+    found = _STATUS.search(text)
+    return int(found.group(1)) if found else 0
