@@ -157,6 +157,34 @@ class DirectGet:
             raise connection_failed(self._fast, exc, url) from None
 
 
+async def answered(
+    fast: FastS3, url: str, what: str, operation: str, method: str = "GET"
+) -> tuple[http.client.HTTPResponse, bytes]:
+    """A request without a body for ``url`` (on ``fast``'s endpoint), signed and answered
+    whole in a thread: the answer (its status and headers) and its body. An error answer
+    is raised as botocore's ``ClientError`` for ``operation``, a failed connection as
+    ``connection_failed`` words it (``what``: the ``s3://`` URL the messages name)."""
+    creds = await fast.credentials()
+    target, headers = signed(fast, url, {}, creds, method)
+    return await asyncio.to_thread(_answered, fast, target, headers, method, what, operation)
+
+
+def _answered(
+    fast: FastS3, target: str, headers: dict[str, str], method: str, what: str, operation: str
+) -> tuple[http.client.HTTPResponse, bytes]:
+    conn = connection(fast)
+    try:
+        resp = send(fast, conn, target, headers, method)
+        body = resp.read()  # a HEAD's answer: none
+    except (OSError, http.client.HTTPException) as exc:
+        raise connection_failed(fast, exc, what) from None
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise client_error(resp.status, body, operation)
+    return resp, body
+
+
 def object_url(fast: FastS3, bucket: str, key: str) -> str:
     """The URL of an object on ``fast``'s endpoint (path-style), quoted as SigV4 signs it."""
     base = fast.endpoint.rstrip("/")

@@ -12,19 +12,11 @@ carry every byte a key may hold) and decoded as botocore decodes them. Used wher
 
 from __future__ import annotations
 
-import asyncio
-import http.client
 import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from bbstage.movers.implementations.s3.direct import (
-    client_error,
-    connection,
-    connection_failed,
-    send,
-    signed,
-)
+from bbstage.movers.implementations.s3.direct import answered
 from bbstage.movers.implementations.s3.fast import FastS3
 from bbstage.movers.implementations.s3.timestamps import parse_timestamp
 
@@ -39,7 +31,6 @@ class DirectList:
         self, bucket: str, prefix: str, token: str | None = None, limit: int = 0
     ) -> dict[str, Any]:
         """The page of keys under ``prefix`` from ``token`` on (``limit``: at most so many)."""
-        creds = await self._fast.credentials()
         query = {"encoding-type": "url", "list-type": "2", "prefix": prefix}
         if token:
             query["continuation-token"] = token
@@ -49,20 +40,7 @@ class DirectList:
         # Percent-encoded as SigV4 encodes it (never "+" for a space: RGW signs "%20").
         encoded = urllib.parse.urlencode(query, quote_via=urllib.parse.quote)
         url = f"{base}/{urllib.parse.quote(bucket)}?{encoded}"
-        target, headers = signed(self._fast, url, {}, creds)
-        return await asyncio.to_thread(self._get, f"s3://{bucket}/{prefix}", target, headers)
-
-    def _get(self, url: str, target: str, headers: dict[str, str]) -> dict[str, Any]:
-        conn = connection(self._fast)
-        try:
-            resp = send(self._fast, conn, target, headers)
-            body = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise connection_failed(self._fast, exc, url) from None
-        finally:
-            conn.close()
-        if resp.status != 200:
-            raise client_error(resp.status, body, "ListObjectsV2")
+        _, body = await answered(self._fast, url, f"s3://{bucket}/{prefix}", "ListObjectsV2")
         return parse(body)
 
 
