@@ -573,6 +573,47 @@ def test_pieces_of_two_versions_of_the_source_are_never_assembled(
     assert client.list_objects_v2(Bucket=bucket).get("Contents", []) == []
 
 
+def test_small_objects_in_memory_stay_within_the_byte_budget(
+    tmp_path: Path, endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole small objects held at once (a GET's body until written, a file read for its
+    PUT) stay within ``budget.HELD`` bytes however many files are in flight, both ways;
+    several still move at once."""
+    import asyncio
+
+    from bbstage.movers.implementations.s3 import common, fast, upload
+
+    monkeypatch.setattr(common, "HELD", 100_000)
+    busy, peak = {"up": 0, "down": 0}, {"up": 0, "down": 0}
+
+    def spied(way: str, real: Any, size: Any) -> Any:
+        async def spy(*a: Any) -> Any:
+            n = size(*a)
+            busy[way] += n
+            peak[way] = max(peak[way], busy[way])
+            await asyncio.sleep(0.01)  # long enough for the others to start, if they may
+            try:
+                return await real(*a)
+            finally:
+                busy[way] -= n
+
+        return spy
+
+    put, get = upload.S3ObjectUpload._put, fast.FastS3.get
+    monkeypatch.setattr(upload.S3ObjectUpload, "_put", spied("up", put, lambda *a: a[4].size))
+    monkeypatch.setattr(fast.FastS3, "get", spied("down", get, lambda *a: a[3]))
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    for i in range(20):
+        (src / f"f{i}").write_bytes(os.urandom(30_000))
+    run(f"{src}/", f"s3://{bucket}/b/", endpoint, files_in_flight=20)
+    run(f"s3://{bucket}/b/", f"{dst}/", endpoint, files_in_flight=20)
+    assert peak == {"up": 90_000, "down": 90_000}  # three of 30,000 within 100,000
+    assert {p.name: file_digest(p) for p in dst.iterdir()} == {
+        p.name: file_digest(p) for p in src.iterdir()
+    }
+
+
 def test_objects_read_whole_above_fast_max_are_bounded_by_max_concurrency(
     tmp_path: Path, endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

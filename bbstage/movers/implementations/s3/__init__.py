@@ -4,7 +4,8 @@ s3fs builds the client (credentials from the user's own ``~/.aws`` files or from
 administrator mapped to the user, endpoint/region/addressing from ``[s3]``); the data path is
 our own asyncio code on that client, because batching and concurrency are where the speed is:
 
-* many objects at once: ``copy_many`` keeps ``files_in_flight`` objects moving in one event loop;
+* many objects at once: ``copy_many`` keeps ``files_in_flight`` objects moving in one event loop,
+  the whole small ones they hold within a byte budget (``budget``);
 * without ``checksum=``, small objects' GETs and single PUTs (up to ``fast.FAST_MAX``) go
   through obstore (Rust), a third of botocore's client CPU per request, same client
   settings and the credentials botocore resolved (``fast``), one request each; big GETs
@@ -24,7 +25,8 @@ Modules, by concern: ``settings`` (``[s3]`` and mapped credentials: what the dae
 ``errors`` (URLs, error translation), ``common`` (the mover base both directions share),
 ``download`` (``S3Download``), ``upload`` (``S3ObjectUpload``), ``pieces`` (``S3Upload``: and
 one file's shares across nodes), ``fast`` (small objects via obstore), ``direct`` (big GETs),
-``listing`` (LIST pages), ``head`` (HEADs), ``timestamps`` (S3 times, parsed fast).
+``listing`` (LIST pages), ``head`` (HEADs), ``budget`` (bytes held at once), ``timestamps``
+(S3 times, parsed fast).
 """
 
 from bbstage.movers.implementations.s3.common import MTIME_KEY, checksum_key

@@ -17,6 +17,7 @@ from bbstage.movers.base import (
     Progress,
     TransferError,
 )
+from bbstage.movers.implementations.s3.budget import HELD, ByteBudget
 from bbstage.movers.implementations.s3.direct import DirectGet
 from bbstage.movers.implementations.s3.errors import S3Error, _user, translate
 from bbstage.movers.implementations.s3.fast import FastS3, is_obstore_error, translate_obstore
@@ -61,6 +62,7 @@ class _S3Mover(Mover):
         self._fs: Any = None
         self._client: Any = None
         self._part_slots: asyncio.Semaphore | None = None
+        self._held: ByteBudget | None = None  # whole small objects in memory (s3/budget.py)
         self.fast: FastS3 | None = None  # small whole-object GETs/PUTs (s3/fast.py)
         self.direct: DirectGet | None = None  # big GETs straight into the file (s3/direct.py)
         self.lister: DirectList | None = None  # LIST pages parsed lean (s3/listing.py)
@@ -77,6 +79,7 @@ class _S3Mover(Mover):
             self._client = await self._filesystem().set_session()
             self.endpoint = self._client.meta.endpoint_url
             self._part_slots = asyncio.Semaphore(self.settings.max_concurrency)
+            self._held = ByteBudget(HELD)
             if FastS3.available(self.settings, self.endpoint or ""):
                 creds = self._creds if not self.profile else None
                 session = self._filesystem().session

@@ -192,21 +192,25 @@ class S3Download(_S3Mover):
             raise
 
     async def _get_fast(self, task: FileTask, fd: int, progress: _Counted) -> None:
-        """The whole object in one GET through obstore (s3/fast.py), retried like a part."""
-        assert self.fast is not None
+        """The whole object in one GET through obstore (s3/fast.py), retried like a part;
+        its bytes held in memory from the GET to the write count against the transfer's
+        byte budget (s3/budget.py)."""
+        assert self.fast is not None and self._held is not None
         fast = self.fast
         bucket, key = split_url(task.src)
-        data = await self._retry(task.src, lambda: fast.get(bucket, key, task.size))
-        if len(data) != task.size:
-            raise TransferError(
-                f"{task.src} changed while staging: it has {len(data)} bytes, {task.size} when"
-                " planned (requeue the job to stage the new one)"
-            )
-        try:
-            _pwrite_all(fd, data, 0)
-        except _LocalError as exc:
-            raise os_error(exc.error, task.dst) from None
-        progress.add(len(data))
+        async with self._held.hold(task.size):
+            data = await self._retry(task.src, lambda: fast.get(bucket, key, task.size))
+            if len(data) != task.size:
+                raise TransferError(
+                    f"{task.src} changed while staging: it has {len(data)} bytes, {task.size}"
+                    " when planned (requeue the job to stage the new one)"
+                )
+            try:
+                _pwrite_all(fd, data, 0)
+            except _LocalError as exc:
+                raise os_error(exc.error, task.dst) from None
+            del data
+        progress.add(task.size)
 
     def _note(self, task: FileTask, resp: dict[str, Any], seen: dict[str, Any]) -> None:
         """Check one GET's answer against the others of this file: the same object (ETag),

@@ -30,8 +30,8 @@ class S3Settings:
     multipart_threshold: int = 32 * MiB
     max_concurrency: int = 8  # upload parts in flight per transfer
     download_concurrency: int = 4  # ranged GETs at once per big download (1 = one streamed GET)
-    files_in_flight: int = 32  # objects moving at once (each up to FAST_MAX in memory)
-    max_pool_connections: int = 32
+    files_in_flight: int = 128  # objects moving at once (their bytes within budget.HELD)
+    max_pool_connections: int = 128
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
     retries: int = 3  # botocore attempts per request ("standard" mode)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import email.utils
 import hashlib
 import os
@@ -193,10 +192,10 @@ class S3ObjectUpload(_S3Mover):
             # than the file's, so the next run sends the file again.
             meta = {MTIME_KEY: str(st.st_mtime_ns)}
             if size < self.settings.multipart_threshold:
-                # Read whole into memory: above FAST_MAX only max_concurrency at once (as
-                # parts), so memory stays files_in_flight x FAST_MAX + that.
-                slots = self._part_slots if size > FAST_MAX else contextlib.nullcontext()
-                assert slots is not None
+                # Read whole into memory: up to FAST_MAX within the transfer's byte budget
+                # (s3/budget.py), above it one of max_concurrency part slots.
+                assert self._part_slots is not None and self._held is not None
+                slots = self._part_slots if size > FAST_MAX else self._held.hold(size)
                 async with slots:
                     await self._put(s3, bucket, key, task, fd, meta)
                 counted.add(size)
