@@ -65,14 +65,18 @@ def grouped_bars(
     *,
     ylabel: str,
     figsize: tuple[float, float],
+    line: tuple[float, str] | None = None,
 ) -> Path:
-    """One bar per (label, color, values) series in each group, side by side."""
+    """One bar per (label, color, values) series in each group, side by side; ``line``: a
+    dashed horizontal line at (value, its label)."""
     fig, ax = plt.subplots(figsize=figsize)
-    width = 0.27
+    width = 0.27 if len(series) <= 3 else 0.8 / len(series)
     middle = (len(series) - 1) / 2
     for i, (label, color, values) in enumerate(series):
         xs = [j + (i - middle) * width for j in range(len(groups))]
         ax.bar(xs, values, width, label=label, color=color)
+    if line is not None:
+        ax.axhline(line[0], color="black", ls="--", lw=1, label=line[1])
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize="small")

@@ -156,6 +156,10 @@ def s3(result: dict[str, Any], plots: bool) -> list[str]:
             y = c["ratio_vs_naive"]
             line += f"; **{y:.2f}×** naive (goal ≥ {naive}×: {'met' if y >= naive else 'NOT met'})"
         lines.append(line + ".")
+    plt = figures.pyplot(plots)
+    if plt is not None and r:
+        alt = "S3: each contender's time / bbstage's"
+        lines += ["", figures.link(_s3_plot(plt, r, goals), alt)]
     host, versions = result.get("host", {}), result.get("versions", {})
     load = result.get("load_average")
     lines += [
@@ -168,3 +172,25 @@ def s3(result: dict[str, Any], plots: bool) -> list[str]:
         "",
     ]
     return lines
+
+
+def _s3_plot(plt: Any, r: dict[str, Any], goals: dict[str, Any]) -> Any:
+    """Each contender's median time over bbstage's, per case (above 1: bbstage faster), with
+    the peers' goal as a line."""
+    cases = list(r)
+    who = [w for w in r[cases[0]]["median_s"] if w != "bbstage"]
+    colors = ["tab:orange", "tab:green", "tab:purple", "tab:gray", "tab:brown"]
+    series = [
+        (w, color, [r[c]["median_s"].get(w, 0) / r[c]["median_s"]["bbstage"] for c in cases])
+        for w, color in zip(who, colors, strict=False)
+    ]
+    goal = goals.get("vs_s5cmd")
+    return figures.grouped_bars(
+        plt,
+        "perf-s3.png",
+        [c.replace("_", "\n") for c in cases],
+        series,
+        ylabel="contender's time / bbstage's",
+        figsize=(7.0, 3.6),
+        line=(goal, f"goal for s5cmd, rclone: {goal}×") if goal else None,
+    )
