@@ -39,37 +39,32 @@ def test_never_more_than_the_limit_yet_as_many_as_fit() -> None:
     assert 60 < peak <= 100  # several at once, never above the limit
 
 
-def test_granted_in_the_order_asked_so_a_big_request_is_not_starved() -> None:
+def _in_turn(*asks: tuple[str, int, float]) -> list[str]:
+    """Holders of (name, bytes, seconds) asking one after another on a budget of 100:
+    when each got its bytes (+name) and gave them back (-name)."""
     log: list[str] = []
 
     async def main() -> None:
         budget = ByteBudget(100)
-        first = asyncio.ensure_future(_holder(budget, 60, log, "a", 0.05))
-        await asyncio.sleep(0)
-        big = asyncio.ensure_future(_holder(budget, 80, log, "big", 0.01))
-        await asyncio.sleep(0)
-        # 30 would fit beside a's 60, but big asked first: it waits behind big.
-        small = asyncio.ensure_future(_holder(budget, 30, log, "small", 0.01))
-        await asyncio.gather(first, big, small)
+        holders = []
+        for name, n, wait in asks:
+            holders.append(asyncio.ensure_future(_holder(budget, n, log, name, wait)))
+            await asyncio.sleep(0)  # it has asked before the next one does
+        await asyncio.gather(*holders)
 
     asyncio.run(main())
+    return log
+
+
+def test_granted_in_the_order_asked_so_a_big_request_is_not_starved() -> None:
+    # 30 would fit beside a's 60, but big asked first: it waits behind big.
+    log = _in_turn(("a", 60, 0.05), ("big", 80, 0.01), ("small", 30, 0.01))
     assert log.index("+big") < log.index("+small")
     assert log.index("-a") < log.index("+big")
 
 
 def test_a_request_above_the_limit_runs_alone() -> None:
-    log: list[str] = []
-
-    async def main() -> None:
-        budget = ByteBudget(100)
-        a = asyncio.ensure_future(_holder(budget, 50, log, "a", 0.03))
-        await asyncio.sleep(0)
-        huge = asyncio.ensure_future(_holder(budget, 500, log, "huge", 0.02))
-        await asyncio.sleep(0)
-        b = asyncio.ensure_future(_holder(budget, 10, log, "b", 0.01))
-        await asyncio.gather(a, huge, b)
-
-    asyncio.run(main())
+    log = _in_turn(("a", 50, 0.03), ("huge", 500, 0.02), ("b", 10, 0.01))
     assert log == ["+a", "-a", "+huge", "-huge", "+b", "-b"]
 
 
