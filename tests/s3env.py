@@ -11,11 +11,13 @@ Use it from a test module (the import registers the fixture there)::
 
 ``scripts/local-s3 up`` runs once per session (it is idempotent and takes
 < 1 s when RGW runs; a first start takes ~25 s). Buckets made with
-``create_bucket`` are emptied and deleted at the end of the session.
+``create_bucket`` are emptied and deleted at the end of the session, and those
+an earlier session left (it was killed) at the start of the next.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import shlex
@@ -35,6 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 LOCAL_S3 = REPO / "scripts" / "local-s3"
 USERS = ("bbuser1", "bbuser2")
 REGION = "us-east-1"
+PREFIX = "test-"  # of every bucket create_bucket names
+STALE = datetime.timedelta(hours=2)  # no session runs this long (CI: 30 min)
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ class S3Env:
 
     def create_bucket(self, owner: str | None = None, name: str | None = None) -> str:
         """Create a bucket owned by ``owner`` (None: admin); deleted at session end."""
-        name = name or f"test-{uuid.uuid4().hex[:12]}"
+        name = name or f"{PREFIX}{uuid.uuid4().hex[:12]}"
         self.client(owner).create_bucket(Bucket=name)
         self._buckets.append((name, owner))
         return name
@@ -151,6 +155,21 @@ class S3Env:
                 if exc.response.get("Error", {}).get("Code") != "NoSuchBucket":
                     raise
 
+    def sweep(self, older_than: datetime.timedelta = STALE, prefix: str = PREFIX) -> list[str]:
+        """Delete the test buckets an earlier, killed session left (made ``older_than`` ago).
+
+        A session deletes its buckets at its end; one that is killed cannot, and the
+        store (a 16 GiB block file) fills up over days of runs. Returns their names.
+        """
+        swept = []
+        now = datetime.datetime.now(datetime.UTC)
+        for owner in (None, *self.users):
+            for bucket in self.client(owner).list_buckets().get("Buckets", []):
+                if bucket["Name"].startswith(prefix) and now - bucket["CreationDate"] > older_than:
+                    self.delete_bucket(bucket["Name"], owner)
+                    swept.append(bucket["Name"])
+        return swept
+
     def up(self) -> None:
         """Run ``scripts/local-s3 up`` again (e.g. after a test stopped a daemon)."""
         subprocess.run([str(LOCAL_S3), "up"], check=True, stdout=subprocess.DEVNULL, timeout=600)
@@ -179,5 +198,6 @@ def start() -> S3Env:
 def s3() -> Iterator[S3Env]:
     """RGW from scripts/local-s3, started once per session."""
     env = start()
+    env.sweep()
     yield env
     env.cleanup()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import pwd
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +105,48 @@ def test_up_restarts_a_killed_radosgw(s3: S3Env) -> None:  # noqa: F811
     bucket = s3.create_bucket()
     s3.client().put_object(Bucket=bucket, Key="after", Body=b"ok")
     assert s3.client().get_object(Bucket=bucket, Key="after")["Body"].read() == b"ok"
+
+
+def test_sweep_deletes_old_test_buckets_of_every_user_and_keeps_new_ones(
+    s3: S3Env,  # noqa: F811
+) -> None:
+    prefix = f"sweep-{os.getpid()}-"
+    mine = s3.create_bucket(owner="bbuser2", name=f"{prefix}a")
+    s3.client("bbuser2").put_object(Bucket=mine, Key="k", Body=b"v")
+    admins = s3.create_bucket(name=f"{prefix}b")
+    assert s3.sweep(prefix=prefix) == []  # made just now: maybe a running session's
+    assert sorted(s3.sweep(older_than=dt.timedelta(0), prefix=prefix)) == [mine, admins]
+    names = [b["Name"] for b in s3.client("bbuser2").list_buckets()["Buckets"]]
+    assert mine not in names
+
+
+def _ceph(s3: S3Env, *args: str) -> str:  # noqa: F811
+    cmd = ["ceph", "-c", str(s3.dir / "ceph.conf"), *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout
+
+
+def test_up_refuses_to_start_radosgw_on_a_full_osd_and_says_what_to_do(
+    s3: S3Env,  # noqa: F811
+) -> None:
+    """radosgw on a full OSD hangs in its start-up writes: up says why instead of timing out."""
+    ratios = {"nearfull": "0.85", "backfillfull": "0.9", "full": "0.95"}
+    try:
+        for name, ratio in (("nearfull", "0.0005"), ("backfillfull", "0.0008"), ("full", "0.001")):
+            _ceph(s3, "osd", f"set-{name}-ratio", ratio)
+        for _ in range(60):
+            if "full osd" in _ceph(s3, "health"):
+                break
+            time.sleep(1)
+        os.kill(int((s3.dir / "run" / "rgw.pid").read_text()), signal.SIGKILL)
+        proc = subprocess.run([str(LOCAL_S3), "up"], capture_output=True, text=True, timeout=110)
+        assert proc.returncode != 0
+        assert "cannot start on a full OSD" in proc.stderr
+        assert "local-s3 down --purge" in proc.stderr
+    finally:
+        for name, ratio in ratios.items():
+            _ceph(s3, "osd", f"set-{name}-ratio", ratio)
+        for _ in range(60):
+            if "full" not in _ceph(s3, "health"):
+                break
+            time.sleep(1)
+        s3.up()
