@@ -52,7 +52,7 @@ def _in_turn(*asks: tuple[str, int, float]) -> list[str]:
             await asyncio.sleep(0)  # it has asked before the next one does
         await asyncio.gather(*holders)
 
-    asyncio.run(main())
+    asyncio.run(asyncio.wait_for(main(), 5))
     return log
 
 
@@ -61,6 +61,26 @@ def test_granted_in_the_order_asked_so_a_big_request_is_not_starved() -> None:
     log = _in_turn(("a", 60, 0.05), ("big", 80, 0.01), ("small", 30, 0.01))
     assert log.index("+big") < log.index("+small")
     assert log.index("-a") < log.index("+big")
+
+
+def test_a_release_grants_in_order_too() -> None:
+    """c's 30 back leaves 60 held: big (80) still does not fit, and small (10) behind it,
+    which would, waits for big."""
+    log = _in_turn(("a", 60, 0.08), ("c", 30, 0.01), ("big", 80, 0.01), ("small", 10, 0.01))
+    assert log.index("-c") < log.index("-a") < log.index("+big") < log.index("+small")
+
+
+def test_bytes_are_given_back_when_the_block_fails() -> None:
+    async def main() -> None:
+        budget = ByteBudget(100)
+        with pytest.raises(OSError):
+            async with budget.hold(70):
+                raise OSError("disk full")
+        assert budget.held == 0
+        async with budget.hold(100):
+            assert budget.held == 100
+
+    asyncio.run(asyncio.wait_for(main(), 5))
 
 
 def test_a_request_above_the_limit_runs_alone() -> None:

@@ -207,3 +207,46 @@ def test_the_file_is_written_in_pieces_of_at_most_write_bytes(
         assert file_digest(dst) == file_digest(src)
     assert sum(sizes) == 2 * SIZE
     assert max(sizes) == (download._WRITE if client == "botocore" else direct.PIECE)
+
+
+@pytest.mark.parametrize("client", ["obstore"], indirect=True)  # direct's threads
+def test_gets_at_once_stay_within_max_pool_connections(
+    tmp_path: Path, endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every GET straight into a file is a thread and a connection: however many objects
+    are in flight, and ranges each, at most ``max_pool_connections`` run at once."""
+    import threading
+    import time
+
+    monkeypatch.setattr(download, "FAST_MAX", 10_000)  # these objects: one direct GET each
+    busy, peak, lock = [0], [0], threading.Lock()
+    real = direct.DirectGet._fetch
+
+    def spy(self: Any, *a: Any) -> None:
+        with lock:
+            busy[0] += 1
+            peak[0] = max(peak[0], busy[0])
+        time.sleep(0.05)  # long enough for the others to start, if they may
+        try:
+            real(self, *a)
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    monkeypatch.setattr(direct.DirectGet, "_fetch", spy)
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    bucket = f"bkt-{uuid.uuid4().hex[:10]}"
+    client.create_bucket(Bucket=bucket)
+    bodies = {f"o{i}": os.urandom(50_000) for i in range(12)}
+    for key, body in bodies.items():
+        client.put_object(Bucket=bucket, Key=f"t/{key}", Body=body)
+    dst = tmp_path / "t"
+    fetch(f"s3://{bucket}/t/", dst, endpoint, files_in_flight=12, max_pool_connections=3)
+    assert peak[0] == 3
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == bodies

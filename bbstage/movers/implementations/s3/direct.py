@@ -47,6 +47,10 @@ class DirectGet:
     def __init__(self, fast: FastS3) -> None:
         self._fast = fast
         self._lock = threading.Lock()  # around ``check``: ranges answer in threads at once
+        # GETs (each a thread and a connection) at once in the transfer: every range of
+        # every big object in flight, so ``files_in_flight`` x ``download_concurrency``
+        # without it.
+        self._slots = asyncio.Semaphore(fast.settings.max_pool_connections)
 
     @staticmethod
     def available(endpoint: str) -> bool:
@@ -70,7 +74,21 @@ class DirectGet:
         no Range) into ``fd`` at their offsets; ``check`` sees the answer's ``ETag`` and
         ``ContentLength`` first. On any error ``reached`` says how far it got. The thread
         is stopped and joined before this returns or raises, also when cancelled, so the
-        caller may close ``fd`` at once."""
+        caller may close ``fd`` at once. At most ``max_pool_connections`` at once."""
+        async with self._slots:
+            await self._get(bucket, key, fd, reached, end, check, progress, write)
+
+    async def _get(
+        self,
+        bucket: str,
+        key: str,
+        fd: int,
+        reached: Reached,
+        end: int | None,
+        check: Check,
+        progress: Progress,
+        write: Write,
+    ) -> None:
         creds = await self._fast.credentials()
         url = object_url(self._fast, bucket, key)
         headers = {} if end is None else {"Range": f"bytes={reached.pos}-{end - 1}"}
