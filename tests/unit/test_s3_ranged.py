@@ -27,9 +27,8 @@ SMALL = {"part_size": "5M", "multipart_threshold": "8M"}
 SIZE = (23 << 20) + 12345  # four ranges of a quarter, or five of part_size (5 MiB)
 
 
-@pytest.fixture(scope="module")
-def big(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
-    """A bucket holding ``big`` (``SIZE`` random bytes) and the local original."""
+def _new_bucket(endpoint: str) -> tuple[Any, str]:
+    """A boto3 client of the moto server and a new bucket there."""
     client = boto3.client(
         "s3",
         endpoint_url=endpoint,
@@ -39,6 +38,13 @@ def big(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, P
     )
     bucket = f"bkt-{uuid.uuid4().hex[:10]}"
     client.create_bucket(Bucket=bucket)
+    return client, bucket
+
+
+@pytest.fixture(scope="module")
+def big(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """A bucket holding ``big`` (``SIZE`` random bytes) and the local original."""
+    client, bucket = _new_bucket(endpoint)
     src = tmp_path_factory.mktemp("ranged") / "big"
     src.write_bytes(os.urandom(SIZE))
     client.upload_file(str(src), bucket, "big")
@@ -234,15 +240,7 @@ def test_gets_at_once_stay_within_max_pool_connections(
                 busy[0] -= 1
 
     monkeypatch.setattr(direct.DirectGet, "_fetch", spy)
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    bucket = f"bkt-{uuid.uuid4().hex[:10]}"
-    client.create_bucket(Bucket=bucket)
+    client, bucket = _new_bucket(endpoint)
     bodies = {f"o{i}": os.urandom(50_000) for i in range(12)}
     for key, body in bodies.items():
         client.put_object(Bucket=bucket, Key=f"t/{key}", Body=body)

@@ -76,59 +76,46 @@ class DirectGet:
         is stopped and joined before this returns or raises, also when cancelled, so the
         caller may close ``fd`` at once. At most ``max_pool_connections`` at once."""
         async with self._slots:
-            await self._get(bucket, key, fd, reached, end, check, progress, write)
+            creds = await self._fast.credentials()
+            url = object_url(self._fast, bucket, key)
+            headers = {} if end is None else {"Range": f"bytes={reached.pos}-{end - 1}"}
+            request = (f"s3://{bucket}/{key}", *signed(self._fast, url, headers, creds))
+            loop = asyncio.get_running_loop()
+            conn = connection(self._fast)
+            stop = threading.Event()
 
-    async def _get(
-        self,
-        bucket: str,
-        key: str,
-        fd: int,
-        reached: Reached,
-        end: int | None,
-        check: Check,
-        progress: Progress,
-        write: Write,
-    ) -> None:
-        creds = await self._fast.credentials()
-        url = object_url(self._fast, bucket, key)
-        headers = {} if end is None else {"Range": f"bytes={reached.pos}-{end - 1}"}
-        request = (f"s3://{bucket}/{key}", *signed(self._fast, url, headers, creds))
-        loop = asyncio.get_running_loop()
-        conn = connection(self._fast)
-        stop = threading.Event()
+            def report(n: int) -> None:
+                loop.call_soon_threadsafe(progress.add, n)
 
-        def report(n: int) -> None:
-            loop.call_soon_threadsafe(progress.add, n)
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+            done.set_running_or_notify_cancel()  # a cancelled await must not cancel it: join below
 
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        done.set_running_or_notify_cancel()  # a cancelled await must not cancel it: join below
+            def run() -> None:
+                error: BaseException | None = None
+                try:
+                    self._fetch(conn, request, fd, reached, end, check, write, report, stop)
+                except BaseException as exc:
+                    error = exc
+                conn.close()
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(error)
 
-        def run() -> None:
-            error: BaseException | None = None
+            threading.Thread(target=run, name="s3-get", daemon=True).start()
             try:
-                self._fetch(conn, request, fd, reached, end, check, write, report, stop)
-            except BaseException as exc:
-                error = exc
-            conn.close()
-            if error is None:
-                done.set_result(None)
-            else:
-                done.set_exception(error)
-
-        threading.Thread(target=run, name="s3-get", daemon=True).start()
-        try:
-            await asyncio.wrap_future(done)
-        except BaseException:
-            stop.set()
-            while not done.done():  # a blocked read returns once its socket is shut down
-                sock = conn.sock  # None until connected (bounded by connect_timeout)
-                if sock is not None:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                concurrent.futures.wait([done], timeout=0.05)
-            raise
+                await asyncio.wrap_future(done)
+            except BaseException:
+                stop.set()
+                while not done.done():  # a blocked read returns once its socket is shut down
+                    sock = conn.sock  # None until connected (bounded by connect_timeout)
+                    if sock is not None:
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                    concurrent.futures.wait([done], timeout=0.05)
+                raise
 
     def _fetch(
         self,
