@@ -215,31 +215,33 @@ def test_the_file_is_written_in_pieces_of_at_most_write_bytes(
     assert max(sizes) == (download._WRITE if client == "botocore" else direct.PIECE)
 
 
-@pytest.mark.parametrize("client", ["obstore"], indirect=True)  # direct's threads
+@pytest.mark.parametrize("client", ["obstore"], indirect=True)  # direct's connections
 def test_gets_at_once_stay_within_max_pool_connections(
     tmp_path: Path, endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every GET straight into a file is a thread and a connection: however many objects
-    are in flight, and ranges each, at most ``max_pool_connections`` run at once."""
-    import threading
-    import time
+    """Every GET straight into a file is a connection: however many objects are in
+    flight, and ranges each, at most ``max_pool_connections`` are open at once."""
+    import asyncio
 
     monkeypatch.setattr(download, "FAST_MAX", 10_000)  # these objects: one direct GET each
-    busy, peak, lock = [0], [0], threading.Lock()
-    real = direct.DirectGet._fetch
+    busy, peak = [0], [0]
+    real = direct._connect
 
-    def spy(self: Any, *a: Any) -> None:
-        with lock:
-            busy[0] += 1
-            peak[0] = max(peak[0], busy[0])
-        time.sleep(0.05)  # long enough for the others to start, if they may
-        try:
-            real(self, *a)
-        finally:
-            with lock:
-                busy[0] -= 1
+    async def spy(*a: Any) -> Any:
+        busy[0] += 1
+        peak[0] = max(peak[0], busy[0])
+        await asyncio.sleep(0.05)  # long enough for the others to start, if they may
+        transport = await real(*a)
+        real_abort = transport.abort
 
-    monkeypatch.setattr(direct.DirectGet, "_fetch", spy)
+        def abort() -> None:  # how every GET's connection ends
+            busy[0] -= 1
+            real_abort()
+
+        transport.abort = abort
+        return transport
+
+    monkeypatch.setattr(direct, "_connect", spy)
     client, bucket = _new_bucket(endpoint)
     bodies = {f"o{i}": os.urandom(50_000) for i in range(12)}
     for key, body in bodies.items():
