@@ -310,6 +310,40 @@ def test_failed_download_leaves_no_file_and_takes_back_progress(
     assert sum(added) == 0 and list(tmp_path.iterdir()) == []
 
 
+def test_an_empty_object_that_grew_is_refused_having_read_one_byte(
+    tmp_path: Path, endpoint: str, client: Any, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planned empty, 5 MB when read: one byte past the plan is asked for, never the whole
+    object (which could be of any size, and is read into memory)."""
+    from bbstage.movers.implementations.s3 import fast
+
+    got: list[int] = []
+    real = fast.FastS3.get
+
+    async def spy(self: Any, *a: Any) -> Any:
+        data = await real(self, *a)
+        got.append(len(data))
+        return data
+
+    monkeypatch.setattr(fast.FastS3, "get", spy)
+    client.put_object(Bucket=bucket, Key="e", Body=b"")
+    mover = s3m.S3Download(MoverOptions(extra=extra(endpoint)))
+    [task] = mover.plan(f"s3://{bucket}/e", str(tmp_path / "e"), tree=False, glob=False)
+    client.put_object(Bucket=bucket, Key="e", Body=b"y" * 5_000_000)
+    failed = mover.copy_many([task], _NoProgress(), threading.Event(), lambda t: None)
+    mover.close()
+    assert "changed while staging: it has more than 0 bytes" in str(failed[task])
+    assert got == [1] and list(tmp_path.iterdir()) == []
+
+
+class _NoProgress:
+    def add(self, n: int) -> None:
+        pass
+
+    def temp(self, path: str) -> None:
+        pass
+
+
 def test_unsafe_keys_are_refused() -> None:
     for rel in ["../x", "a/../../x", "/abs", "a//b", "./a"]:
         with pytest.raises(TransferError, match="not a safe relative path"):

@@ -202,8 +202,8 @@ class S3Download(_S3Mover):
             data = await self._retry(task.src, lambda: fast.get(bucket, key, task.size))
             if len(data) != task.size:
                 raise TransferError(
-                    f"{task.src} changed while staging: it has {len(data)} bytes, {task.size}"
-                    " when planned (requeue the job to stage the new one)"
+                    f"{task.src} changed while staging: it has {_size(len(data), task.size)}"
+                    f" bytes, {task.size} when planned (requeue the job to stage the new one)"
                 )
             try:
                 _pwrite_all(fd, data, 0)
@@ -370,6 +370,11 @@ class S3Download(_S3Mover):
             yield resp, _read(resp["Body"])
         finally:
             resp["Body"].close()
+
+
+def _size(got: int, planned: int) -> str:
+    """An object's size as far as a GET of one byte past ``planned`` saw it."""
+    return f"more than {planned}" if got > planned else str(got)
 
 
 class _LocalError(Exception):

@@ -113,18 +113,14 @@ class FastS3:
         """The object planned at ``size`` bytes, as obstore's buffer (not copied): bytes
         0..``size`` asked in one call (one wake-up of the event loop where a GET and then
         its body took two), one byte past the planned end so that an object that grew
-        since is seen (an empty one: a plain GET, as a Range on it is refused; so is the
-        Range on an object emptied since it was planned: no bytes)."""
+        since is seen, and never more (an empty object refuses any Range: no bytes)."""
         import obstore
 
         store = await self.store(bucket)
         try:
-            if size:
-                return await obstore.get_range_async(store, key, start=0, end=size + 1)
-            result = await obstore.get_async(store, key)
-            return await result.bytes_async()
+            return await obstore.get_range_async(store, key, start=0, end=size + 1)
         except Exception as exc:
-            if size and _status(str(exc)) == 416:
+            if _status(str(exc)) == 416:
                 return b""
             raise ObstoreError(exc) from exc
 
