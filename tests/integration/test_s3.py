@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bbstage.movers import TransferError
-from bbstage.movers.implementations.s3 import direct
+from bbstage.movers import MoverOptions, TransferError
+from bbstage.movers.implementations.s3 import S3Download, direct
 from bbstage.transfer import Planned, TransferSpec
 from tests.helpers import Conn, make_tree, run_worker, tree_digests
 from tests.s3env import S3Env, s3  # noqa: F401
@@ -58,6 +59,42 @@ def test_tree_small_objects_and_multipart_roundtrip(s3: S3Env, tmp_path: Path) -
     # Everything is current now: nothing moves in either direction.
     assert Planned(0, 0) in stage(s3, f"{src}/", f"s3://{bucket}/run/").events
     assert Planned(0, 0) in stage(s3, f"s3://{bucket}/run/", f"{tmp_path}/dst1/").events
+
+
+def test_empty_objects_on_rgw_and_one_that_grew_after_planning(s3: S3Env, tmp_path: Path) -> None:
+    """An empty object is asked for with a Range (one byte past its planned size), which
+    RGW refuses for an empty object: it arrives empty. One planned empty that has grown
+    since is refused, having read one byte of it."""
+    bucket = s3.create_bucket(owner=USER)
+    client = s3.client(USER)
+    client.put_object(Bucket=bucket, Key="t/empty", Body=b"")
+    client.put_object(Bucket=bucket, Key="t/full", Body=b"z" * 1000)
+    stage(s3, f"s3://{bucket}/t/", f"{tmp_path}/dst/")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "dst").iterdir()} == {
+        "empty": b"",
+        "full": b"z" * 1000,
+    }
+
+    keys = s3.keys(USER)
+    conf = {
+        "s3": {"endpoint_url": s3.endpoint},
+        "credentials": {"key": keys.key, "secret": keys.secret},
+    }
+    mover = S3Download(MoverOptions(extra=conf))
+    [task] = mover.plan(f"s3://{bucket}/t/empty", str(tmp_path / "grown"), tree=False, glob=False)
+    client.put_object(Bucket=bucket, Key="t/empty", Body=os.urandom(3 << 20))
+    failed = mover.copy_many([task], _NoProgress(), threading.Event(), lambda t: None)
+    mover.close()
+    assert "changed while staging: it has more than 0 bytes" in str(failed[task])
+    assert not (tmp_path / "grown").exists()
+
+
+class _NoProgress:
+    def add(self, n: int) -> None:
+        pass
+
+    def temp(self, path: str) -> None:
+        pass
 
 
 def test_big_objects_with_odd_keys_come_straight_into_the_file(
