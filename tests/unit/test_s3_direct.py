@@ -57,9 +57,10 @@ def cert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(request: pytest.FixtureRequest) -> Iterator[str]:
     """An endpoint whose GETs get ``SENT`` bytes of a 1 GiB body, then a stall (``stall``)
     or a closed connection (``cut``); or the whole body of ``SENT`` bytes, its head a byte
-    at a time, then a stall (``whole``); or a 403 with S3's XML error (``denied``), no
-    answer at all (``mute``), a chunked body (``chunked``), bytes 1.. of the object
-    whatever was asked (``shifted``); over TLS with a ``tls-`` prefix."""
+    at a time, then a stall (``whole``); or a 403 with S3's XML error (``denied``), a 404
+    without a body (``missing``), no answer at all (``mute``), a chunked body
+    (``chunked``), bytes 1.. of the object whatever was asked (``shifted``); over TLS with
+    a ``tls-`` prefix."""
     how, tls = request.param, None
     if how.startswith("tls-"):  # the same, over TLS with the certificate of ``cert``
         how, cert = how[4:], request.getfixturevalue("cert")
@@ -99,10 +100,13 @@ def server(request: pytest.FixtureRequest) -> Iterator[str]:
                 conn.sendall(b"x" * SENT)
                 release.wait(30)
                 return
-            if how == "denied":
+            if how in ("denied", "missing"):  # the connection kept open, as a store does
                 body = b"<Error><Code>AccessDenied</Code><Message>no</Message></Error>"
-                head = f"HTTP/1.1 403 Forbidden\r\nContent-Length: {len(body)}\r\n\r\n"
-                conn.sendall(head.encode() + body)
+                body = body if how == "denied" else b""
+                status = "403 Forbidden" if how == "denied" else "404 Not Found"
+                conn.sendall(f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+                conn.sendall(body)
+                release.wait(30)
                 return
             head = f'HTTP/1.1 200 OK\r\nContent-Length: {1 << 30}\r\nETag: "e"\r\n\r\n'
             conn.sendall(head.encode() + b"x" * SENT)
@@ -247,13 +251,18 @@ def test_an_answer_not_as_asked_is_refused_before_any_write(
     assert exc.value.permanent == permanent and file.bytes == reached.pos == 0
 
 
-@pytest.mark.parametrize("server", ["denied"], indirect=True)
-def test_an_error_answer_reads_as_botocores(server: str) -> None:
+@pytest.mark.parametrize(
+    ("server", "words"),
+    [("denied", "access denied: s3://bkt/k"), ("missing", "no such object: s3://bkt/k")],
+    indirect=["server"],
+)
+def test_an_error_answer_reads_as_botocores(server: str, words: str) -> None:
+    """Read as soon as its body is whole (an empty one: at once), the connection open."""
     file, reached = _File(), direct.Reached(0)
     with pytest.raises(Exception) as exc:
-        asyncio.run(_get(server, file, reached, []))
+        asyncio.run(asyncio.wait_for(_get(server, file, reached, []), 5))
     err = translate(exc.value, "s3://bkt/k", "bbuser1", server)
-    assert err.permanent and "access denied: s3://bkt/k" in str(err)
+    assert err.permanent and words in str(err)
     assert file.bytes == 0
 
 

@@ -201,6 +201,8 @@ class _Answer(asyncio.BufferedProtocol):
         length = int(head.get("Content-Length", -1))
         if self._status not in (200, 206):
             self._want = min(length, _HEAD_MAX) if length >= 0 else _HEAD_MAX
+            if not self._want:  # no body to wait for (the connection stays open)
+                raise client_error(self._status, b"", "GetObject")
             return body
         if self._end is not None:
             self._check_range(head.get("Content-Range"), length)
