@@ -116,14 +116,8 @@ class _Answer(asyncio.BufferedProtocol):
     ) -> None:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.last = time.monotonic()  # when bytes last arrived (the read timeout's clock)
-        self._failed = lambda exc: connection_failed(fast, exc, url)
-        self._where, self._url, self._fd, self._reached, self._end = (
-            fast.endpoint,
-            url,
-            fd,
-            reached,
-            end,
-        )
+        self._fast, self._url, self._end = fast, url, end
+        self._fd, self._reached = fd, reached
         self._check, self._progress, self._write = check, progress, write
         self._buf = memoryview(bytearray(PIECE))
         self._head: bytearray | None = bytearray()  # None once parsed
@@ -177,7 +171,7 @@ class _Answer(asyncio.BufferedProtocol):
 
     def _end_with(self, exc: BaseException) -> None:
         if isinstance(exc, (OSError, http.client.HTTPException)):  # ``write`` raises its own
-            exc = self._failed(exc)
+            exc = connection_failed(self._fast, exc, self._url)
         self.done.set_exception(exc)
 
     def _parse_head(self, data: memoryview) -> memoryview:
@@ -208,7 +202,7 @@ class _Answer(asyncio.BufferedProtocol):
             self._check_range(head.get("Content-Range"), length)
         if length < 0:
             raise TransferError(
-                f"{self._where} answered a GET without Content-Length: {self._url}",
+                f"{self._fast.endpoint} answered a GET without Content-Length: {self._url}",
                 permanent=False,
             )
         self._check({"ETag": head.get("ETag"), "ContentLength": length})
@@ -223,10 +217,10 @@ class _Answer(asyncio.BufferedProtocol):
         start, count = self._reached.pos, self._end - self._reached.pos
         got = _RANGE.match(content_range or "")
         if self._status != 206 or got is None:
-            raise TransferError(f"{self._where} ignored the Range of a GET: {self._url}")
+            raise TransferError(f"{self._fast.endpoint} ignored the Range of a GET: {self._url}")
         if int(got.group(1)) != start or length != count:
             raise TransferError(
-                f"{self._where} answered {content_range} ({length} bytes) for a GET of"
+                f"{self._fast.endpoint} answered {content_range} ({length} bytes) for a GET of"
                 f" {count} bytes at {start}: {self._url}",
                 permanent=False,
             )
