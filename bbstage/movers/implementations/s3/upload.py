@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import email.utils
 import hashlib
 import os
@@ -193,7 +192,11 @@ class S3ObjectUpload(_S3Mover):
             # than the file's, so the next run sends the file again.
             meta = {MTIME_KEY: str(st.st_mtime_ns)}
             if size < self.settings.multipart_threshold:
-                async with self._whole(size):
+                # Read whole into memory: up to FAST_MAX within the transfer's byte budget
+                # (s3/budget.py), above it one of max_concurrency part slots.
+                assert self._part_slots is not None and self._held is not None
+                slots = self._part_slots if size > FAST_MAX else self._held.hold(size)
+                async with slots:
                     await self._put(s3, bucket, key, task, fd, meta)
                 counted.add(size)
             else:
@@ -203,13 +206,6 @@ class S3ObjectUpload(_S3Mover):
             raise
         finally:
             os.close(fd)
-
-    def _whole(self, size: int) -> contextlib.AbstractAsyncContextManager[Any]:
-        """Held while ``size`` bytes are read whole into memory and sent: up to
-        ``FAST_MAX`` within the transfer's byte budget (s3/budget.py), above it one of the
-        ``max_concurrency`` part slots."""
-        assert self._part_slots is not None and self._held is not None
-        return self._part_slots if size > FAST_MAX else self._held.hold(size)
 
     async def _put(
         self,
