@@ -2,10 +2,12 @@
 
 Slurm may never deliver a teardown: an `scancel` of a pending job flushes its scripts while
 it queues the job's teardown, so the data_in hook *and* that teardown die ("teardown ...
-terminated by slurmctld"; always on 22.05, at times on 24.11), and a daemon that was down
+terminated by slurmctld"; at times, on 22.05 and 24.11), and a daemon that was down
 misses every hook sent meanwhile. So every ``reconcile_interval`` seconds the daemon asks
 `squeue` about the jobs it is staging and runs teardown(hurry=true) itself for a job that is
-dead before it ran, or gone from Slurm.
+dead before it ran, or gone from Slurm. The jobs being staged in are asked about every
+``STAGE_IN_WATCH`` seconds too: their copies must stop within 2 s of an `scancel` whose
+teardown Slurm killed.
 
 It also ends jobs Slurm has *stranded*. Slurm 24.11 saves its job records before its burst
 buffer records when it stops; if a stage-in hook fails in that moment (slurmscriptd reports
@@ -25,6 +27,7 @@ import asyncio
 import os
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 import structlog
@@ -44,6 +47,8 @@ DEAD = {
 }  # fmt: skip
 # What squeue shows for a job whose stage-in Slurm believes is under way.
 STAGING_IN = ("PENDING", "BurstBufferStageIn")
+# Jobs being staged in are asked about this often (seconds), whatever reconcile_interval is.
+STAGE_IN_WATCH = 0.5
 # Cancelled jobs younger than this are watched for being stranded.
 STRANDED_WATCH = 3600.0
 # A job we cancelled that Slurm waits this long for its stage-in is stranded. A real stage-in
@@ -67,8 +72,11 @@ async def _slurm(tool: str, args: list[str], slurm_conf: str | None) -> tuple[in
     return proc.returncode or 0, out, err
 
 
-async def slurm_states(job_ids: list[str], slurm_conf: str | None) -> dict[str, SlurmJob] | None:
-    """Job id → Slurm state for the jobs slurmctld still knows; None if it cannot be asked."""
+async def slurm_states(
+    job_ids: list[str], slurm_conf: str | None, warn: bool = True
+) -> dict[str, SlurmJob] | None:
+    """Job id → Slurm state for the jobs slurmctld still knows; None (and a warning if
+    ``warn``) if it cannot be asked."""
     squeue = shutil.which("squeue")
     if squeue is None:
         return None
@@ -78,7 +86,8 @@ async def slurm_states(job_ids: list[str], slurm_conf: str | None) -> dict[str, 
     code, out, err = await _slurm(squeue, args, slurm_conf)
     # squeue exits 1 with "Invalid job id specified" when none of the ids exists any more.
     if code and b"Invalid job id" not in err:
-        log.warning("squeue failed", error=err.decode(errors="replace").strip())
+        if warn:
+            log.warning("squeue failed", error=err.decode(errors="replace").strip())
         return None
     states = {}
     for line in out.decode(errors="replace").splitlines():
@@ -138,12 +147,30 @@ async def once(
         elif now - missing.setdefault(j.job_id, now) >= MISSING_GRACE:
             orphans.append(j.job_id)
     for job_id in orphans:
-        slurm = states.get(job_id)
-        log.warning("slurm no longer runs this job: tearing down", job_id=job_id,
-                    slurm_state=slurm.state if slurm else "gone")  # fmt: skip
-        await engine.handle(Request("teardown", {"job_id": job_id, "hurry": True}))
+        await _tear_down(engine, job_id, states.get(job_id))
         missing.pop(job_id, None)
     return orphans + await _end_stranded(engine, cancelled, states, stranded, now, conf)
+
+
+async def stage_ins(engine: Engine) -> list[str]:
+    """Tear down the jobs being staged in that Slurm says will never run (one `squeue`, none
+    if no job is being staged in); their ids."""
+    jobs = engine.store.jobs(("staging_in",))
+    if not jobs:
+        return []
+    conf = str(engine.config.slurm_conf) if engine.config.slurm_conf else None
+    # Quiet: a slurmctld that does not answer is reported by the whole pass, not twice a second.
+    states = await slurm_states([j.job_id for j in jobs], conf, warn=False) or {}
+    dead = [j.job_id for j in jobs if j.job_id in states and states[j.job_id].state in DEAD]
+    for job_id in dead:
+        await _tear_down(engine, job_id, states[job_id])
+    return dead
+
+
+async def _tear_down(engine: Engine, job_id: str, slurm: SlurmJob | None) -> None:
+    log.warning("slurm no longer runs this job: tearing down", job_id=job_id,
+                slurm_state=slurm.state if slurm else "gone")  # fmt: skip
+    await engine.handle(Request("teardown", {"job_id": job_id, "hurry": True}))
 
 
 async def _end_stranded(
@@ -177,15 +204,26 @@ async def _end_stranded(
 
 
 async def forever(engine: Engine) -> None:
+    """Reconcile every ``reconcile_interval`` seconds, and check the jobs being staged in
+    every ``STAGE_IN_WATCH`` seconds; never if the interval is 0."""
     interval = engine.config.reconcile_interval
     if interval <= 0:
         return
     missing: dict[str, float] = {}
     stranded: dict[str, float] = {}
+
+    async def whole() -> None:
+        await once(engine, missing, stranded)
+        await engine.purge_expired()
+
+    watch = min(interval, STAGE_IN_WATCH)
+    await asyncio.gather(_every(interval, whole), _every(watch, lambda: stage_ins(engine)))
+
+
+async def _every(seconds: float, check: Callable[[], Awaitable[object]]) -> None:
     while True:
-        await asyncio.sleep(interval)
+        await asyncio.sleep(seconds)
         try:
-            await once(engine, missing, stranded)
-            await engine.purge_expired()
+            await check()
         except Exception:
             log.exception("reconcile failed")

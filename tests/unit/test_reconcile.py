@@ -148,3 +148,54 @@ def test_old_cancelled_jobs_are_not_asked_about(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(reconcile.time, "time", lambda: later)
     assert asyncio.run(reconcile.once(engine)) == []  # type: ignore[arg-type]
     assert asked == []
+
+
+def test_a_job_cancelled_in_stage_in_is_torn_down_by_the_quick_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = FakeEngine({"20": "staging_in", "21": "staging_in", "22": "running"})
+    asked: list[list[str]] = []
+
+    async def fake_states(
+        job_ids: list[str], conf: str | None, warn: bool = True
+    ) -> dict[str, reconcile.SlurmJob]:
+        asked.append(job_ids)
+        return {"20": reconcile.SlurmJob("CANCELLED"), "22": reconcile.SlurmJob("CANCELLED")}
+
+    monkeypatch.setattr(reconcile, "slurm_states", fake_states)
+    # 21 is not listed (an array task squeue cannot find yet): the whole pass judges it.
+    assert asyncio.run(reconcile.stage_ins(engine)) == ["20"]  # type: ignore[arg-type]
+    assert asked == [["20", "21"]]  # only the jobs being staged in
+    engine.jobs = {"22": "running"}
+    assert asyncio.run(reconcile.stage_ins(engine)) == []  # type: ignore[arg-type]
+    assert len(asked) == 1  # nothing staged in: no squeue
+
+
+def test_the_quick_check_runs_every_half_second_whatever_the_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+
+    async def fake_once(*args: Any) -> list[str]:
+        calls.append("whole")
+        return []
+
+    async def fake_stage_ins(engine: Any) -> list[str]:
+        calls.append("stage_ins")
+        return []
+
+    async def purge() -> None:
+        pass
+
+    monkeypatch.setattr(reconcile, "once", fake_once)
+    monkeypatch.setattr(reconcile, "stage_ins", fake_stage_ins)
+    monkeypatch.setattr(reconcile, "STAGE_IN_WATCH", 0.01)
+    engine = SimpleNamespace(config=SimpleNamespace(reconcile_interval=0.1), purge_expired=purge)
+
+    async def briefly() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(reconcile.forever(engine), 0.35)  # type: ignore[arg-type]
+
+    asyncio.run(briefly())
+    assert 2 <= calls.count("whole") <= 3
+    assert calls.count("stage_ins") >= 15
