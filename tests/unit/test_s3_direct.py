@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from bbstage.movers import TransferError
 from bbstage.movers.implementations.s3 import direct
@@ -58,9 +59,9 @@ def server(request: pytest.FixtureRequest) -> Iterator[str]:
     """An endpoint whose GETs get ``SENT`` bytes of a 1 GiB body, then a stall (``stall``)
     or a closed connection (``cut``); or the whole body of ``SENT`` bytes, its head a byte
     at a time, then a stall (``whole``); or a 403 with S3's XML error (``denied``), a 404
-    without a body (``missing``), no answer at all (``mute``), a chunked body
-    (``chunked``), bytes 1.. of the object whatever was asked (``shifted``); over TLS with
-    a ``tls-`` prefix."""
+    without a body (``missing``), a 403 in chunks (``denied-chunked``), no answer at all
+    (``mute``), a chunked body (``chunked``), bytes 1.. of the object whatever was asked
+    (``shifted``); over TLS with a ``tls-`` prefix."""
     how, tls = request.param, None
     if how.startswith("tls-"):  # the same, over TLS with the certificate of ``cert``
         how, cert = how[4:], request.getfixturevalue("cert")
@@ -98,6 +99,14 @@ def server(request: pytest.FixtureRequest) -> Iterator[str]:
                 head = f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 1-{SENT}/{1 << 30}"
                 conn.sendall(f'{head}\r\nContent-Length: {SENT}\r\nETag: "e"\r\n\r\n'.encode())
                 conn.sendall(b"x" * SENT)
+                release.wait(30)
+                return
+            if how == "denied-chunked":  # <Code> cut by a chunk boundary
+                head = b"HTTP/1.1 403 Forbidden\r\nTransfer-Encoding: chunked\r\n\r\n"
+                chunks = (
+                    b"a\r\n<Error><Co\r\n33\r\nde>AccessDenied</Code><Message>no</Message></Error>"
+                )
+                conn.sendall(head + chunks + b"\r\n0\r\n\r\n")
                 release.wait(30)
                 return
             if how in ("denied", "missing"):  # the connection kept open, as a store does
@@ -252,15 +261,21 @@ def test_an_answer_not_as_asked_is_refused_before_any_write(
 
 
 @pytest.mark.parametrize(
-    ("server", "words"),
-    [("denied", "access denied: s3://bkt/k"), ("missing", "no such object: s3://bkt/k")],
+    ("server", "code", "words"),
+    [
+        ("denied", "AccessDenied", "access denied: s3://bkt/k"),
+        ("missing", "404", "no such object: s3://bkt/k"),
+        ("denied-chunked", "AccessDenied", "access denied: s3://bkt/k"),
+    ],
     indirect=["server"],
 )
-def test_an_error_answer_reads_as_botocores(server: str, words: str) -> None:
-    """Read as soon as its body is whole (an empty one: at once), the connection open."""
+def test_an_error_answer_reads_as_botocores(server: str, code: str, words: str) -> None:
+    """Read as soon as its body is whole (an empty one: at once; a chunked one: at its last
+    chunk), the connection open; the code is the body's, if it has one."""
     file, reached = _File(), direct.Reached(0)
-    with pytest.raises(Exception) as exc:
+    with pytest.raises(ClientError) as exc:
         asyncio.run(asyncio.wait_for(_get(server, file, reached, []), 5))
+    assert exc.value.response["Error"]["Code"] == code
     err = translate(exc.value, "s3://bkt/k", "bbuser1", server)
     assert err.permanent and words in str(err)
     assert file.bytes == 0

@@ -122,7 +122,7 @@ class _Answer(asyncio.BufferedProtocol):
         self._buf = memoryview(bytearray(PIECE))
         self._head: bytearray | None = bytearray()  # None once parsed
         self._status, self._want, self._unreported = 0, 0, 0
-        self._error_body = bytearray()
+        self._error_body, self._chunked = bytearray(), False
         self._transport: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -195,6 +195,7 @@ class _Answer(asyncio.BufferedProtocol):
         length = int(head.get("Content-Length", -1))
         if self._status not in (200, 206):
             self._want = min(length, _HEAD_MAX) if length >= 0 else _HEAD_MAX
+            self._chunked = length < 0 and "chunked" in head.get("Transfer-Encoding", "").lower()
             if not self._want:  # no body to wait for (the connection stays open)
                 raise client_error(self._status, b"", "GetObject")
             return body
@@ -228,9 +229,12 @@ class _Answer(asyncio.BufferedProtocol):
     def _take(self, data: memoryview) -> None:
         """Body bytes: written at their offset (an error answer's: kept)."""
         if self._status not in (200, 206):
-            self._error_body += data[: self._want - len(self._error_body)]
-            if len(self._error_body) >= self._want:
-                raise client_error(self._status, bytes(self._error_body), "GetObject")
+            body = self._error_body
+            body += data[: self._want - len(body)]
+            if self._chunked and body.endswith(b"0\r\n\r\n"):  # its last chunk: whole
+                raise client_error(self._status, _unchunked(bytes(body)), "GetObject")
+            if len(body) >= self._want:
+                raise client_error(self._status, bytes(body), "GetObject")
             return
         data = data[: self._want]
         self._write(self._fd, data, self._reached.pos)
@@ -243,6 +247,21 @@ class _Answer(asyncio.BufferedProtocol):
             self._unreported = 0
         if not self._want:
             self.done.set_result(None)
+
+
+def _unchunked(body: bytes) -> bytes:
+    """The data of a chunked body (as far as it is well-formed)."""
+    data, at = bytearray(), 0
+    while (eol := body.find(b"\r\n", at)) > at:
+        try:
+            size = int(body[at:eol].split(b";")[0], 16)
+        except ValueError:
+            break
+        if not size:
+            break
+        data += body[eol + 2 : eol + 2 + size]
+        at = eol + 2 + size + 2
+    return bytes(data)
 
 
 async def _connect(fast: FastS3, answer: _Answer, what: str) -> asyncio.BaseTransport:
