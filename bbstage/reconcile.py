@@ -162,8 +162,8 @@ async def stage_ins(engine: Engine) -> list[str]:
     # Quiet: a slurmctld that does not answer is reported by the whole pass, not twice a second.
     states = await slurm_states([j.job_id for j in jobs], conf, warn=False) or {}
     dead = [j.job_id for j in jobs if j.job_id in states and states[j.job_id].state in DEAD]
-    for job_id in dead:
-        await _tear_down(engine, job_id, states[job_id])
+    # At once: each waits for its copies to stop (an scancel of a whole job array).
+    await asyncio.gather(*(_tear_down(engine, job_id, states[job_id]) for job_id in dead))
     return dead
 
 

@@ -199,3 +199,32 @@ def test_the_quick_check_runs_every_half_second_whatever_the_interval(
     asyncio.run(briefly())
     assert 2 <= calls.count("whole") <= 3
     assert calls.count("stage_ins") >= 15
+
+
+def test_the_quick_check_tears_down_the_dead_jobs_side_by_side(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each teardown waits for its job's copies to stop: one after the other, the last job
+    # of a cancelled array would copy on for the sum of those waits.
+    engine = FakeEngine({str(n): "staging_in" for n in range(30, 35)})
+
+    async def fake_states(
+        job_ids: list[str], conf: str | None, warn: bool = True
+    ) -> dict[str, reconcile.SlurmJob]:
+        return {j: reconcile.SlurmJob("CANCELLED") for j in job_ids}
+
+    started: list[str] = []
+
+    async def teardown_waiting_for_all(request: Any) -> None:
+        started.append(request.fields["job_id"])
+        while len(started) < 5:  # one at a time, the first waits here for ever
+            await asyncio.sleep(0.01)
+        engine.torn.append(request.fields["job_id"])
+
+    async def check() -> list[str]:
+        return await asyncio.wait_for(reconcile.stage_ins(engine), 10)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(reconcile, "slurm_states", fake_states)
+    monkeypatch.setattr(engine, "handle", teardown_waiting_for_all)
+    assert len(asyncio.run(check())) == 5
+    assert sorted(engine.torn) == [str(n) for n in range(30, 35)]
