@@ -150,7 +150,7 @@ class _Answer(asyncio.BufferedProtocol):
         if self._head is not None:
             self._end_with(exc or ConnectionResetError("closed before answering"))
         elif self._status not in (200, 206):
-            self._end_with(client_error(self._status, bytes(self._error_body), "GetObject"))
+            self._end_with(self._refusal())
         elif exc is not None:
             self._end_with(exc)
         else:
@@ -168,6 +168,11 @@ class _Answer(asyncio.BufferedProtocol):
             self._unreported = 0
         if self._transport is not None:
             self._transport.abort()
+
+    def _refusal(self) -> Exception:
+        """The error answer read so far as botocore's ``ClientError`` (chunks decoded)."""
+        body = bytes(self._error_body)
+        return client_error(self._status, _unchunked(body) if self._chunked else body, "GetObject")
 
     def _end_with(self, exc: BaseException) -> None:
         if isinstance(exc, (OSError, http.client.HTTPException)):  # ``write`` raises its own
@@ -197,7 +202,7 @@ class _Answer(asyncio.BufferedProtocol):
             self._want = min(length, _HEAD_MAX) if length >= 0 else _HEAD_MAX
             self._chunked = length < 0 and "chunked" in head.get("Transfer-Encoding", "").lower()
             if not self._want:  # no body to wait for (the connection stays open)
-                raise client_error(self._status, b"", "GetObject")
+                raise self._refusal()
             return body
         if self._end is not None:
             self._check_range(head.get("Content-Range"), length)
@@ -231,10 +236,8 @@ class _Answer(asyncio.BufferedProtocol):
         if self._status not in (200, 206):
             body = self._error_body
             body += data[: self._want - len(body)]
-            if self._chunked and body.endswith(b"0\r\n\r\n"):  # its last chunk: whole
-                raise client_error(self._status, _unchunked(bytes(body)), "GetObject")
-            if len(body) >= self._want:
-                raise client_error(self._status, bytes(body), "GetObject")
+            if len(body) >= self._want or (self._chunked and body.endswith(b"0\r\n\r\n")):
+                raise self._refusal()  # whole (a chunked one: its last chunk came)
             return
         data = data[: self._want]
         self._write(self._fd, data, self._reached.pos)
