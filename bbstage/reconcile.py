@@ -7,7 +7,10 @@ misses every hook sent meanwhile. So every ``reconcile_interval`` seconds the da
 `squeue` about the jobs it is staging and runs teardown(hurry=true) itself for a job that is
 dead before it ran, or gone from Slurm. The jobs being staged in are asked about every
 ``STAGE_IN_WATCH`` seconds too: their copies must stop within 2 s of an `scancel` whose
-teardown Slurm killed.
+teardown Slurm killed. That quick check asks for states only, which Slurm 24.05+ answers
+without taking its job lock (`squeue --only-job-state`); an older squeue dumps every job of
+the cluster for a list of ids, so where a call is slow the check runs less often (its calls
+take at most ``WATCH_SHARE`` of the time).
 
 It also ends jobs Slurm has *stranded*. Slurm 24.11 saves its job records before its burst
 buffer records when it stops; if a stage-in hook fails in that moment (slurmscriptd reports
@@ -24,10 +27,11 @@ pending job; the burst buffer of a pending job cannot be changed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import NamedTuple
 
 import structlog
@@ -47,8 +51,10 @@ DEAD = {
 }  # fmt: skip
 # What squeue shows for a job whose stage-in Slurm believes is under way.
 STAGING_IN = ("PENDING", "BurstBufferStageIn")
-# Jobs being staged in are asked about this often (seconds), whatever reconcile_interval is.
+# Jobs being staged in are asked about this often (seconds), whatever reconcile_interval is...
 STAGE_IN_WATCH = 0.5
+# ...or less often, so that those squeue calls take at most this share of the time.
+WATCH_SHARE = 0.05
 # Cancelled jobs younger than this are watched for being stranded.
 STRANDED_WATCH = 3600.0
 # A job we cancelled that Slurm waits this long for its stage-in is stranded. A real stage-in
@@ -72,18 +78,30 @@ async def _slurm(tool: str, args: list[str], slurm_conf: str | None) -> tuple[in
     return proc.returncode or 0, out, err
 
 
+# The squeue programs that refused --only-job-state (Slurm before 24.05).
+_NO_STATE_ONLY: set[str] = set()
+
+
 async def slurm_states(
-    job_ids: list[str], slurm_conf: str | None, warn: bool = True
+    job_ids: list[str], slurm_conf: str | None, warn: bool = True, states_only: bool = False
 ) -> dict[str, SlurmJob] | None:
     """Job id → Slurm state for the jobs slurmctld still knows; None (and a warning if
-    ``warn``) if it cannot be asked."""
+    ``warn``) if it cannot be asked. ``states_only``: no reasons, through the job-state RPC
+    that slurmctld answers without its job lock where squeue offers it (24.05+)."""
     squeue = shutil.which("squeue")
     if squeue is None:
         return None
     # %A: the job's own id, also for an array task (%i would print "<array id>_<index>",
     # which never matches the id the hooks gave us: every task looked gone).
     args = ["-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%A %T %r"]
-    code, out, err = await _slurm(squeue, args, slurm_conf)
+    if states_only and squeue not in _NO_STATE_ONLY:
+        light = ["--only-job-state", *args[:-1], "%A %T"]
+        code, out, err = await _slurm(squeue, light, slurm_conf)
+        if b"unrecognized option" in err:
+            _NO_STATE_ONLY.add(squeue)
+            code, out, err = await _slurm(squeue, args, slurm_conf)
+    else:
+        code, out, err = await _slurm(squeue, args, slurm_conf)
     # squeue exits 1 with "Invalid job id specified" when none of the ids exists any more.
     if code and b"Invalid job id" not in err:
         if warn:
@@ -152,15 +170,34 @@ async def once(
     return orphans + await _end_stranded(engine, cancelled, states, stranded, now, conf)
 
 
-async def stage_ins(engine: Engine) -> list[str]:
+class Pace:
+    """The pause before the next quick check: ``STAGE_IN_WATCH``, or longer after a slow
+    squeue, so that the calls take at most ``WATCH_SHARE`` of the time."""
+
+    def __init__(self) -> None:
+        self.seconds = STAGE_IN_WATCH
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            took = time.monotonic() - started
+            self.seconds = max(STAGE_IN_WATCH, took / WATCH_SHARE)
+
+
+async def stage_ins(engine: Engine, pace: Pace | None = None) -> list[str]:
     """Tear down the jobs being staged in that Slurm says will never run (one `squeue`, none
-    if no job is being staged in); their ids."""
+    if no job is being staged in, timed by ``pace``); their ids."""
     jobs = engine.store.jobs(("staging_in",))
     if not jobs:
         return []
     conf = str(engine.config.slurm_conf) if engine.config.slurm_conf else None
     # Quiet: a slurmctld that does not answer is reported by the whole pass, not twice a second.
-    states = await slurm_states([j.job_id for j in jobs], conf, warn=False) or {}
+    with pace.timing() if pace else contextlib.nullcontext():
+        ids = [j.job_id for j in jobs]
+        states = await slurm_states(ids, conf, warn=False, states_only=True) or {}
     dead = [j.job_id for j in jobs if j.job_id in states and states[j.job_id].state in DEAD]
     # At once: each waits for its copies to stop (an scancel of a whole job array).
     await asyncio.gather(*(_tear_down(engine, job_id, states[job_id]) for job_id in dead))
@@ -205,24 +242,27 @@ async def _end_stranded(
 
 async def forever(engine: Engine) -> None:
     """Reconcile every ``reconcile_interval`` seconds, and check the jobs being staged in
-    every ``STAGE_IN_WATCH`` seconds; never if the interval is 0."""
+    as often as their ``Pace`` says (``STAGE_IN_WATCH``); never if the interval is 0."""
     interval = engine.config.reconcile_interval
     if interval <= 0:
         return
     missing: dict[str, float] = {}
     stranded: dict[str, float] = {}
+    pace = Pace()
 
     async def whole() -> None:
         await once(engine, missing, stranded)
         await engine.purge_expired()
 
-    watch = min(interval, STAGE_IN_WATCH)
-    await asyncio.gather(_every(interval, whole), _every(watch, lambda: stage_ins(engine)))
+    await asyncio.gather(
+        _every(lambda: interval, whole),
+        _every(lambda: min(interval, pace.seconds), lambda: stage_ins(engine, pace)),
+    )
 
 
-async def _every(seconds: float, check: Callable[[], Awaitable[object]]) -> None:
+async def _every(seconds: Callable[[], float], check: Callable[[], Awaitable[object]]) -> None:
     while True:
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds())
         try:
             await check()
         except Exception:

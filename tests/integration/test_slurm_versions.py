@@ -8,6 +8,7 @@ get_status gets the caller's uid.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bbstage import reconcile
 from tests.helpers import make_tree
 
 from .conftest import OTHER, USER, Cluster, as_user
@@ -144,3 +146,35 @@ def test_every_task_of_a_job_array_gets_its_scratch(cluster: Cluster, workdir: P
             f"{array}_{task}"
         )
         assert (workdir / f"out_{task}.dat").read_bytes() == data
+
+
+def test_the_reconciler_reads_the_same_states_either_way(
+    cluster: Cluster, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The quick check asks for states only (24.11: squeue --only-job-state, the lock-free
+    # RPC; 22.05 refuses the option and gets the full query): the same states either way.
+    monkeypatch.setenv("PATH", cluster.env["PATH"])
+    monkeypatch.setattr(reconcile, "_NO_STATE_ONLY", set())
+    conf = cluster.env.get("SLURM_CONF")
+    running = cluster.submit(workdir, "#!/bin/bash\nsleep 60\n")
+    cancelled = cluster.submit(workdir, "#!/bin/bash\n#SBATCH --begin=now+1hour\nsleep 1\n")
+    cluster.run("scancel", cancelled)
+    cluster.wait_state(running, "RUNNING")
+    cluster.wait_state(cancelled, "CANCELLED")
+    try:
+        ids = [running, cancelled, "99999998"]
+
+        def states(states_only: bool) -> dict[str, str] | None:
+            got = asyncio.run(reconcile.slurm_states(ids, conf, states_only=states_only))
+            return None if got is None else {j: s.state for j, s in got.items()}
+
+        want = {running: "RUNNING", cancelled: "CANCELLED"}
+        assert states(False) == want
+        assert states(True) == want
+        refused = bool(reconcile._NO_STATE_ONLY)
+        assert refused == (cluster.slurm == "22.05")
+        # None of the ids known any more: an empty answer, not a failure.
+        ids = ["99999998", "99999999"]
+        assert states(True) == {} and states(False) == {}
+    finally:
+        cluster.run("scancel", running, check=False)

@@ -157,7 +157,7 @@ def test_a_job_cancelled_in_stage_in_is_torn_down_by_the_quick_check(
     asked: list[list[str]] = []
 
     async def fake_states(
-        job_ids: list[str], conf: str | None, warn: bool = True
+        job_ids: list[str], conf: str | None, warn: bool = True, states_only: bool = False
     ) -> dict[str, reconcile.SlurmJob]:
         asked.append(job_ids)
         return {"20": reconcile.SlurmJob("CANCELLED"), "22": reconcile.SlurmJob("CANCELLED")}
@@ -180,7 +180,7 @@ def test_the_quick_check_runs_every_half_second_whatever_the_interval(
         calls.append("whole")
         return []
 
-    async def fake_stage_ins(engine: Any) -> list[str]:
+    async def fake_stage_ins(engine: Any, pace: Any = None) -> list[str]:
         calls.append("stage_ins")
         return []
 
@@ -209,7 +209,7 @@ def test_the_quick_check_tears_down_the_dead_jobs_side_by_side(
     engine = FakeEngine({str(n): "staging_in" for n in range(30, 35)})
 
     async def fake_states(
-        job_ids: list[str], conf: str | None, warn: bool = True
+        job_ids: list[str], conf: str | None, warn: bool = True, states_only: bool = False
     ) -> dict[str, reconcile.SlurmJob]:
         return {j: reconcile.SlurmJob("CANCELLED") for j in job_ids}
 
@@ -228,3 +228,68 @@ def test_the_quick_check_tears_down_the_dead_jobs_side_by_side(
     monkeypatch.setattr(engine, "handle", teardown_waiting_for_all)
     assert len(asyncio.run(check())) == 5
     assert sorted(engine.torn) == [str(n) for n in range(30, 35)]
+
+
+def test_a_slow_squeue_slows_the_quick_check_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before 24.05, squeue dumps every job of the cluster for a list of ids: on a big cluster
+    # a call can take seconds, and the quick check must not keep slurmctld busy.
+    engine = FakeEngine({"40": "staging_in"})
+    took = 0.0
+
+    async def fake_states(
+        job_ids: list[str], conf: str | None, warn: bool = True, states_only: bool = False
+    ) -> dict[str, reconcile.SlurmJob]:
+        assert states_only
+        await asyncio.sleep(took)
+        return {}
+
+    monkeypatch.setattr(reconcile, "slurm_states", fake_states)
+    pace = reconcile.Pace()
+    asyncio.run(reconcile.stage_ins(engine, pace))  # type: ignore[arg-type]
+    assert pace.seconds == reconcile.STAGE_IN_WATCH
+    took = 0.1
+    asyncio.run(reconcile.stage_ins(engine, pace))  # type: ignore[arg-type]
+    assert 0.1 / reconcile.WATCH_SHARE <= pace.seconds < 0.2 / reconcile.WATCH_SHARE
+    took = 0.0
+    asyncio.run(reconcile.stage_ins(engine, pace))  # type: ignore[arg-type]
+    assert pace.seconds == reconcile.STAGE_IN_WATCH  # fast again: back to every 0.5 s
+
+
+FAKE_SQUEUE = """#!/bin/sh
+echo "$*" >> "$0.calls"
+for a in "$@"; do
+    if [ "$a" = --only-job-state ] && [ "{modern}" = no ]; then
+        echo "squeue: unrecognized option '--only-job-state'" >&2
+        exit 1
+    fi
+done
+echo "50 CANCELLED None"
+echo "51 PENDING BurstBufferStageIn"
+"""
+
+
+@pytest.mark.parametrize("modern", ["yes", "no"])
+def test_the_quick_check_asks_for_states_only_where_squeue_can(
+    modern: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    squeue = tmp_path / "squeue"
+    squeue.write_text(FAKE_SQUEUE.format(modern=modern))
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(reconcile, "_NO_STATE_ONLY", set())
+
+    def ask(states_only: bool) -> dict[str, reconcile.SlurmJob] | None:
+        return asyncio.run(reconcile.slurm_states(["50", "51"], None, states_only=states_only))
+
+    for _ in range(2):
+        assert ask(True) == {
+            "50": reconcile.SlurmJob("CANCELLED", "None"),
+            "51": reconcile.SlurmJob("PENDING", "BurstBufferStageIn"),
+        }
+    assert ask(False) is not None
+    calls = (tmp_path / "squeue.calls").read_text().splitlines()
+    full = "-h -t all -j 50,51 -o %A %T %r"
+    if modern == "yes":
+        assert calls == ["--only-job-state -h -t all -j 50,51 -o %A %T"] * 2 + [full]
+    else:  # refused once, then never asked again
+        assert calls == ["--only-job-state -h -t all -j 50,51 -o %A %T", full, full, full]
