@@ -32,7 +32,7 @@ docs/performance.md (benchmarks/report.py) unless --no-doc. Goals (docs/performa
 "S3 staging"): bbstage >= 1.1x s5cmd and rclone, >= 1.0x TransferManager, and >= 2.5x the
 naive loop on small objects.
 
-Usage: python3 benchmarks/bench_s3.py [--rounds 3] [--big-mib 1024] [--small 1000] [--no-doc]
+Usage: python3 benchmarks/bench_s3.py [--rounds 5] [--big-mib 1024] [--small 1000] [--no-doc]
        [--only big|small|big_upload|...] [--contenders bbstage,s5cmd,rclone]
 """
 
@@ -200,7 +200,7 @@ def versions() -> dict[str, str]:
 
 def main() -> None:
     ap = parser(__doc__)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--big-mib", type=int, default=1024)
     ap.add_argument("--small", type=int, default=1000)
     ap.add_argument("--small-kib", type=int, default=64)
