@@ -75,8 +75,10 @@ def timed(action: Callable[[], object]) -> float:
 
 
 def rotate(contenders: list[str], round_: int) -> list[str]:
-    """The order of one round: each contender starts a round (and follows each other)
-    as often as the others, so a noisy neighbour or a warm cache favours nobody."""
+    """The order of one round: each contender starts a round as often as the others, so a
+    noisy neighbour or a warm cache favours nobody. (Each follows the same one in every
+    round but the one it starts; for S3 that was measured not to matter: the store is idle
+    before every copy, docs/performance.md.)"""
     k = round_ % len(contenders)
     return contenders[k:] + contenders[:k]
 
