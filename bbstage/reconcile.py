@@ -67,6 +67,11 @@ class SlurmJob(NamedTuple):
     reason: str = ""  # squeue's %r
 
 
+# A Slurm command that has not answered in this many seconds is killed and counts as failed
+# (its own retries against an unreachable slurmctld end well before).
+SLURM_TIMEOUT = 120.0
+
+
 async def _slurm(tool: str, args: list[str], slurm_conf: str | None) -> tuple[int, bytes, bytes]:
     env = dict(os.environ)
     if slurm_conf:
@@ -74,7 +79,12 @@ async def _slurm(tool: str, args: list[str], slurm_conf: str | None) -> tuple[in
     proc = await asyncio.create_subprocess_exec(
         tool, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    out, err = await proc.communicate()
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), SLURM_TIMEOUT)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return 124, b"", f"no answer in {SLURM_TIMEOUT:g} s".encode()
     return proc.returncode or 0, out, err
 
 

@@ -4,6 +4,7 @@ stranded ones (cancelled here, waiting for a stage-in in Slurm) cancelled in Slu
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -293,3 +294,20 @@ def test_the_quick_check_asks_for_states_only_where_squeue_can(
         assert calls == ["--only-job-state -h -t all -j 50,51 -o %A %T"] * 2 + [full]
     else:  # refused once, then never asked again
         assert calls == ["--only-job-state -h -t all -j 50,51 -o %A %T", full, full, full]
+
+
+def test_a_squeue_that_hangs_is_killed_and_counts_as_failed(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hung squeue must not stop the reconciler for good (the next passes still run).
+    squeue = tmp_path / "squeue"
+    squeue.write_text(f"#!/bin/sh\necho $$ > {tmp_path}/pid\nexec sleep 30\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(reconcile, "SLURM_TIMEOUT", 0.5)
+    started = time.monotonic()
+    assert asyncio.run(reconcile.slurm_states(["60"], None, warn=False)) is None
+    assert time.monotonic() - started < 5
+    pid = int((tmp_path / "pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
