@@ -8,8 +8,9 @@ misses every hook sent meanwhile. So every ``reconcile_interval`` seconds the da
 dead before it ran, or gone from Slurm. The jobs being staged in are asked about every
 ``STAGE_IN_WATCH`` seconds too: their copies must stop within 2 s of an `scancel` whose
 teardown Slurm killed. That quick check asks for states only, which Slurm 24.05+ answers
-without taking its job lock (`squeue --only-job-state`); an older squeue dumps every job of
-the cluster for a list of ids, so where a call is slow the check runs less often (its calls
+for just those jobs (`squeue --only-job-state`; with ``SlurmctldParameters=
+enable_job_state_cache`` without its job lock); an older squeue dumps every job of the
+cluster for a list of ids, so where a call is slow the check runs less often (its calls
 take at most ``WATCH_SHARE`` of the time).
 
 It also ends jobs Slurm has *stranded*. Slurm 24.11 saves its job records before its burst
@@ -97,7 +98,7 @@ async def slurm_states(
 ) -> dict[str, SlurmJob] | None:
     """Job id → Slurm state for the jobs slurmctld still knows; None (and a warning if
     ``warn``) if it cannot be asked. ``states_only``: no reasons, through the job-state RPC
-    that slurmctld answers without its job lock where squeue offers it (24.05+)."""
+    where squeue offers it (24.05+: only these jobs, from a cache if slurmctld keeps one)."""
     squeue = shutil.which("squeue")
     if squeue is None:
         return None

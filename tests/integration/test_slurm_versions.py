@@ -151,7 +151,7 @@ def test_every_task_of_a_job_array_gets_its_scratch(cluster: Cluster, workdir: P
 def test_the_reconciler_reads_the_same_states_either_way(
     cluster: Cluster, workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The quick check asks for states only (24.11: squeue --only-job-state, the lock-free
+    # The quick check asks for states only (24.11: squeue --only-job-state, the job-state
     # RPC; 22.05 refuses the option and gets the full query): the same states either way.
     monkeypatch.setenv("PATH", cluster.env["PATH"])
     monkeypatch.setattr(reconcile, "_NO_STATE_ONLY", set())
