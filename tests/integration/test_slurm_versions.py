@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bbstage import reconcile
-from tests.helpers import make_tree
+from tests.helpers import make_tree, wait_until
 
 from .conftest import OTHER, USER, Cluster, as_user
 
@@ -158,18 +158,32 @@ def test_the_reconciler_reads_the_same_states_either_way(
     conf = cluster.env.get("SLURM_CONF")
     running = cluster.submit(workdir, "#!/bin/bash\nsleep 60\n")
     cancelled = cluster.submit(workdir, "#!/bin/bash\n#SBATCH --begin=now+1hour\nsleep 1\n")
+    # A job array: a task that ran has its own id (%A); one of them cancelled.
+    array = cluster.submit(workdir, "#!/bin/bash\n#SBATCH --array=0-3\nsleep 60\n")
     cluster.run("scancel", cancelled)
     cluster.wait_state(running, "RUNNING")
     cluster.wait_state(cancelled, "CANCELLED")
+
+    def task(state: str) -> list[str]:  # [its own id, ARRAY_INDEX] or []
+        out = cluster.run("squeue", "-h", "-r", "-t", state, "-j", array, "-o", "%A %i")
+        return out.split()[:2]
+
+    # By ARRAY_INDEX: 22.05's scancel refuses a task's own id ("Invalid job id specified").
+    started, index = wait_until(lambda: task("R"), 60, "a task of the array running")
+    cluster.run("scancel", index)
+    cluster.wait_state(started, "CANCELLED")
+    tasks = cluster.run("squeue", "-h", "-r", "-t", "all", "-j", array, "-o", "%A").split()
     try:
-        ids = [running, cancelled, "99999998"]
+        ids = [running, cancelled, *tasks, "99999998"]
 
         def states(states_only: bool) -> dict[str, str] | None:
             got = asyncio.run(reconcile.slurm_states(ids, conf, states_only=states_only))
             return None if got is None else {j: s.state for j, s in got.items()}
 
-        want = {running: "RUNNING", cancelled: "CANCELLED"}
-        assert states(False) == want
+        want = states(False)
+        assert want is not None and len(want) == 2 + len(set(tasks))
+        assert (want[running], want[cancelled]) == ("RUNNING", "CANCELLED")
+        assert want[started] == "CANCELLED" and started in tasks
         assert states(True) == want
         refused = bool(reconcile._NO_STATE_ONLY)
         assert refused == (cluster.slurm == "22.05")
@@ -177,4 +191,4 @@ def test_the_reconciler_reads_the_same_states_either_way(
         ids = ["99999998", "99999999"]
         assert states(True) == {} and states(False) == {}
     finally:
-        cluster.run("scancel", running, check=False)
+        cluster.run("scancel", running, array, check=False)
