@@ -9,7 +9,9 @@ Every step is idempotent, so Dask's rerun of a range after a node died is harmle
    an older submission's file is never taken for this one's), create it if needed, never
    truncate it; write the range; ``fsync``.
    A range that has to create it while another range's marker exists fails: the file
-   that range wrote into was removed (a sweep), so bytes are missing.
+   that range wrote into was removed (a sweep), so bytes are missing. The markers are
+   looked at before the create: siblings open the new file as soon as it exists and may
+   leave their markers before its creator could look again.
 2. write this range's marker, ``.NAME.bbstage-JOB-GROUP.rIofN.part``, holding the temporary
    file's identity (``st_dev:st_ino``, taken while it is open, so never a reused inode) and
    the source's size and mtime as this range's node planned them.
@@ -71,6 +73,8 @@ def write_range(
     temp(tmp)
     offset, count = span(part, task.size)
     flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+    # Markers already there are stale if this range gets to create the file (see 1. above).
+    before = any(_read_marker(m) is not None for m in _markers(task.dst, job_id, part))
     try:
         try:
             fd = os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o600)
@@ -80,9 +84,9 @@ def write_range(
     except OSError as exc:
         raise os_error(exc, task.dst) from None
     try:
-        if made and any(_read_marker(m) is not None for m in _markers(task.dst, job_id, part)):
-            raise _made_again(task)  # a range ended in a file that is gone
         st = os.fstat(fd)
+        if made and before:
+            raise _made_again(task)  # a range ended in a file that is gone
         if st.st_size < task.size:
             os.ftruncate(fd, task.size)  # never shorter: siblings may have written past us
         if count:

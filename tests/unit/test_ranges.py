@@ -100,6 +100,31 @@ def test_a_temporary_file_made_again_midway_never_lands(tmp_path: Path, src: Pat
     assert dst.read_bytes() == b"the old file"
 
 
+def test_siblings_that_finish_before_the_creator_looks_are_not_taken_for_a_sweep(
+    tmp_path: Path, src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Range 0 creates the temporary file; before it looks for markers, ranges 1 and 2 open
+    that file, write into it and leave their markers (a small file, a slow thread). Those
+    name range 0's file: no sweep happened, and the file lands whole. (Seen as "removed
+    while they were written" in 1 of ~20 runs of the 5-thread test above.)"""
+    dst = tmp_path / "out"
+    real_open = os.open
+    siblings: list[bool] = []
+
+    def open_then_siblings(path: str, flags: int, *args: int, **kw: int) -> int:
+        fd = real_open(path, flags, *args, **kw)
+        if flags & os.O_EXCL and path.endswith("-0000abcd.part") and not siblings:
+            siblings.append(True)
+            for i in (1, 2):
+                assert not write_range(task(src, dst), "7", Shard(i, 3, "0000abcd"), copier(src))
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_siblings)
+    assert write_range(task(src, dst), "7", Shard(0, 3, "0000abcd"), copier(src))
+    assert siblings and dst.read_bytes() == src.read_bytes()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
 def test_an_older_groups_temporary_file_is_never_taken_for_this_ones(
     tmp_path: Path, src: Path
 ) -> None:
