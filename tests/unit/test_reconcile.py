@@ -311,3 +311,30 @@ def test_a_squeue_that_hangs_is_killed_and_counts_as_failed(
     pid = int((tmp_path / "pid").read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_slow_quick_check_still_runs_every_reconcile_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # However slow squeue was (slurmctld down: its retries take minutes), the jobs being
+    # staged in are looked at again within reconcile_interval.
+    calls: list[float] = []
+
+    async def slow_stage_ins(engine: Any, pace: Any = None) -> list[str]:
+        calls.append(time.monotonic())
+        pace.seconds = 100.0  # what a call of 5 s would ask for
+        return []
+
+    async def nothing(*args: Any) -> list[str]:
+        return []
+
+    monkeypatch.setattr(reconcile, "once", nothing)
+    monkeypatch.setattr(reconcile, "stage_ins", slow_stage_ins)
+    engine = SimpleNamespace(config=SimpleNamespace(reconcile_interval=0.1), purge_expired=nothing)
+
+    async def briefly() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(reconcile.forever(engine), 0.55)  # type: ignore[arg-type]
+
+    asyncio.run(briefly())
+    assert len(calls) >= 3
