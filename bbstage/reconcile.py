@@ -28,11 +28,10 @@ pending job; the burst buffer of a pending job cannot be changed).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 import structlog
@@ -188,14 +187,9 @@ class Pace:
     def __init__(self) -> None:
         self.seconds = STAGE_IN_WATCH
 
-    @contextlib.contextmanager
-    def timing(self) -> Iterator[None]:
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            took = time.monotonic() - started
-            self.seconds = max(STAGE_IN_WATCH, took / WATCH_SHARE)
+    def took(self, seconds: float) -> None:
+        """The last call took ``seconds``."""
+        self.seconds = max(STAGE_IN_WATCH, seconds / WATCH_SHARE)
 
 
 async def stage_ins(engine: Engine, pace: Pace | None = None) -> list[str]:
@@ -206,9 +200,11 @@ async def stage_ins(engine: Engine, pace: Pace | None = None) -> list[str]:
         return []
     conf = str(engine.config.slurm_conf) if engine.config.slurm_conf else None
     # Quiet: a slurmctld that does not answer is reported by the whole pass, not twice a second.
-    with pace.timing() if pace else contextlib.nullcontext():
-        ids = [j.job_id for j in jobs]
-        states = await slurm_states(ids, conf, warn=False, states_only=True) or {}
+    started = time.monotonic()
+    answer = await slurm_states([j.job_id for j in jobs], conf, warn=False, states_only=True)
+    if pace is not None:
+        pace.took(time.monotonic() - started)
+    states = answer or {}
     dead = [j.job_id for j in jobs if j.job_id in states and states[j.job_id].state in DEAD]
     # At once: each waits for its copies to stop (an scancel of a whole job array).
     await asyncio.gather(*(_tear_down(engine, job_id, states[job_id]) for job_id in dead))
