@@ -9,9 +9,12 @@ Against the real RGW of ``scripts/local-s3`` (127.0.0.1), with bbuser1's own key
 Contenders (each round runs them one after the other, in rotating order, so that a noisy
 neighbour hurts all of them alike; the median of the rounds is reported):
 
-* ``bbstage``: ``bbstage.worker.run`` with a spec, exactly what a worker process runs
-  (planning, skip-if-current, copy_many, atomic temp files + rename) with the ``[s3]``
-  defaults;
+* ``bbstage``: a transfer spec run as the daemon runs a job's, by its
+  ``TransferExecutor``: in a worker process forked from the forkserver, as bbuser1, reused
+  from one copy to the next (planning, skip-if-current, copy_many, atomic temp files +
+  rename) with the ``[s3]`` defaults. Not in the benchmark's own process: after
+  TransferManager and the s3fs loop had held GiBs there, bbstage's copies in it cost up to
+  twice the system CPU (docs/performance.md, session 21);
 * ``transfermanager``: boto3's ``s3transfer.TransferManager`` with its default
   ``TransferConfig`` and a default boto3 client; the 1,000 small objects are submitted at
   once (its own batch API) and awaited;
@@ -46,12 +49,12 @@ import datetime as dt
 import json
 import os
 import platform
+import pwd
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import tomllib
 import uuid
 from collections.abc import Callable
@@ -64,9 +67,10 @@ from common import fail, load_result, parser, rotate, save_result, timed
 from s3_ceiling import read_ranges
 from s3transfer.manager import TransferConfig, TransferManager
 
-from bbstage import worker
 from bbstage.bench.baselines import RCLONE_FLAGS, s3_peer_binary
 from bbstage.bench.cache import cache_policy, settle
+from bbstage.executor import TransferExecutor
+from bbstage.identity import Identity
 from bbstage.transfer import TransferSpec
 from tests.s3env import REGION, S3Env, start
 
@@ -76,16 +80,14 @@ CONTENDERS = ["bbstage", "s5cmd", "rclone", "transfermanager", "naive", "nowrite
 RANGES = 4  # the [s3] download_concurrency default, for nowrite
 
 
-class _Sink:
-    def send(self, event: Any) -> None:
-        pass
-
-
 class Bench:
     def __init__(self, env: S3Env, bucket: str, work: Path, s3conf: dict[str, Any]) -> None:
         self.env, self.bucket, self.work, self.s3conf = env, bucket, work, s3conf
         keys = env.keys(USER)
         self.keys = keys
+        user = pwd.getpwnam(USER)
+        self.identity = Identity.of(user.pw_uid, user.pw_gid)
+        self.executor = TransferExecutor(1)
         self.client = boto3.session.Session().client(
             "s3",
             endpoint_url=env.endpoint,
@@ -107,7 +109,8 @@ class Bench:
         spec = TransferSpec.between(
             src, dst, job_id="bench", extra={"s3": self.s3conf, "credentials": credentials}
         )
-        worker.run(spec, worker.Reporter(_Sink()), threading.Event())  # type: ignore[arg-type]
+        key = uuid.uuid4().hex
+        self.executor.submit(key, spec, self.identity, lambda event: None).result()
 
     # -- TransferManager ------------------------------------------------------------------
     def tm_upload(self, pairs: list[tuple[str, str]]) -> None:
@@ -236,6 +239,7 @@ def main() -> None:
             s3conf[k] = v
     bucket = env.create_bucket(owner=USER)
     work = Path(tempfile.mkdtemp(prefix="bench-s3-", dir="/var/tmp"))
+    work.chmod(0o755)  # bbstage copies as USER
     b = Bench(env, bucket, work, s3conf)
     results: dict[str, Any] = {}
     try:
@@ -252,6 +256,7 @@ def main() -> None:
         def fresh() -> Path:
             d = work / f"dst-{uuid.uuid4().hex[:8]}"
             d.mkdir()
+            os.chown(d, b.identity.uid, b.identity.gid)  # every contender writes it alike
             return d
 
         def prefix() -> str:
@@ -364,6 +369,7 @@ def main() -> None:
                 file=sys.stderr,
             )
     finally:
+        b.executor.shutdown()
         shutil.rmtree(work, ignore_errors=True)
         env.cleanup()
 
