@@ -119,8 +119,9 @@ def s3(result: dict[str, Any], plots: bool) -> list[str]:
         "## S3 staging (vs boto3 TransferManager, naive s3fs loop)",
         "",
         "`benchmarks/bench_s3.py` (see its docstring): against the Ceph RGW of",
-        "`scripts/local-s3` on 127.0.0.1, as bbuser1; *bbstage* is `bbstage.worker.run` with",
-        "the `[s3]` defaults, *transfermanager* boto3's `s3transfer.TransferManager` with its",
+        "`scripts/local-s3` on 127.0.0.1, as bbuser1; *bbstage* runs each copy as the daemon",
+        "does (its `TransferExecutor`: a worker process, as bbuser1) with the `[s3]` defaults,",
+        "*transfermanager* boto3's `s3transfer.TransferManager` with its",
         "defaults, *naive* one s3fs call per file. Medians of "
         f"{result.get('rounds', '?')} rounds, contenders in rotating order. MB = 10⁶ bytes.",
         "",
