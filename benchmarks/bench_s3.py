@@ -71,13 +71,13 @@ from bbstage.bench.baselines import RCLONE_FLAGS, s3_peer_binary
 from bbstage.bench.cache import cache_policy, settle
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity
+from bbstage.movers.implementations.s3.settings import S3Settings
 from bbstage.transfer import TransferSpec
 from tests.s3env import REGION, S3Env, start
 
 NAME = "s3"
 USER = "bbuser1"
 CONTENDERS = ["bbstage", "s5cmd", "rclone", "transfermanager", "naive", "nowrite"]
-RANGES = 4  # the [s3] download_concurrency default, for nowrite
 
 
 class Bench:
@@ -289,7 +289,7 @@ def main() -> None:
             if who == "transfermanager":
                 return lambda: b.tm_download([("ref/big.dat", str(d / "big.dat"))])
             if who == "nowrite":
-                ranges = int(s3conf.get("download_concurrency", RANGES))
+                ranges = S3Settings.from_config(s3conf).download_concurrency  # as bbstage's
                 return lambda: b.nowrite("ref/big.dat", args.big_mib << 20, ranges)
             return lambda: b.naive_download([("ref/big.dat", str(d / "big.dat"))])
 

@@ -11,7 +11,8 @@ import selectors
 import socket
 import urllib.parse
 
-PIECE = 128 << 10
+from bbstage.movers.implementations.s3.direct import PIECE  # bbstage's read size
+
 _LENGTH = re.compile(rb"(?im)^content-length:\s*(\d+)\s*$")
 
 
@@ -23,18 +24,19 @@ def read_ranges(presigned_url: str, size: int, ranges: int) -> int:
     step = size // ranges
     sel = selectors.DefaultSelector()
     buf = memoryview(bytearray(PIECE))
-    left, total = {}, 0
-    for i in range(ranges):
-        first, last = i * step, (size if i == ranges - 1 else (i + 1) * step) - 1
-        sock = socket.create_connection((host, port))
-        sock.sendall(
-            f"GET {url.path}?{url.query} HTTP/1.1\r\nHost: {url.netloc}\r\n"
-            f"Range: bytes={first}-{last}\r\n\r\n".encode()
-        )
-        sock.setblocking(False)
-        sel.register(sock, selectors.EVENT_READ, bytearray())  # the head, until parsed
-        left[sock] = last - first + 1
+    left: dict[socket.socket, int] = {}  # body bytes still to come, per open range
+    total = 0
     try:
+        for i in range(ranges):
+            first, last = i * step, (size if i == ranges - 1 else (i + 1) * step) - 1
+            sock = socket.create_connection((host, port))
+            left[sock] = last - first + 1
+            sock.sendall(
+                f"GET {url.path}?{url.query} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                f"Range: bytes={first}-{last}\r\n\r\n".encode()
+            )
+            sock.setblocking(False)
+            sel.register(sock, selectors.EVENT_READ, bytearray())  # the head, until parsed
         while left:
             for key, _ in sel.select():
                 sock = key.fileobj
