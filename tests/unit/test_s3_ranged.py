@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,33 @@ def test_a_range_that_keeps_failing_leaves_nothing_under_the_final_name(
     assert proxy.stats.truncate > 0
     assert dst.read_bytes() == b"the old file"  # neither torn nor replaced
     assert [p.name for p in tmp_path.iterdir()] == ["copy"]  # the temporary file removed
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs (a real file system that runs out of space)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)])
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_a_disk_too_small_fails_before_the_first_get(
+    small_disk: Path, endpoint: str, big: tuple[str, Path], ranges: list[tuple[int, int]]
+) -> None:
+    """The file's space is taken before any range is fetched (``localfs.preallocate``): a
+    disk too small says so at once, and nothing is left on it."""
+    bucket, _ = big
+    with pytest.raises(TransferError, match="no space left on device") as caught:
+        fetch(f"s3://{bucket}/big", small_disk / "copy", endpoint, download_concurrency=4)
+    assert caught.value.permanent
+    assert ranges == []  # no GET made
+    assert list(small_disk.iterdir()) == []
 
 
 def test_a_new_attempt_does_not_trust_an_old_attempts_temporary_file(

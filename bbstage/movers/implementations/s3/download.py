@@ -182,6 +182,7 @@ class S3Download(_S3Mover):
                     await self._get_fast(task, fd, counted)
                 elif task.size >= self.settings.multipart_threshold and parts > 1:
                     os.ftruncate(fd, task.size)
+                    localfs.preallocate(fd, task.size)
                     await self._get_ranged(task, fd, 0, task.size, counted, seen)
                 else:
                     await self._get_range(task, fd, 0, task.size, counted, seen, whole=True)
