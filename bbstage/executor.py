@@ -62,12 +62,18 @@ class TransferExecutor:
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(
             [
+                # Python 3.11's forkserver never preloads __main__ (it looks for the key
+                # "main_path", the preparation data calls it "init_main_from_path"), so
+                # each worker re-runs the main script's top level: the daemon's console
+                # script, a few ms. A program with heavy top-level imports makes every
+                # fresh worker pay for them (benchmarks/bench_s3.py keeps its light).
                 "__main__",
                 "bbstage.worker",
                 "bbstage.movers.implementations.posix",
                 "bbstage.movers.implementations.s3",  # once, not per worker (docs/performance.md)
                 "s3fs",  # the S3 movers import these at their first client, ~0.3 s
                 "aiobotocore.session",
+                "obstore",  # 15 MB of Rust: else read at each worker's first small object
                 "bbstage.movers.implementations.s3.preload",  # botocore's S3 model, parsed
             ]
         )
