@@ -61,26 +61,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import boto3
-import s3fs
-from common import fail, load_result, parser, rotate, save_result, timed
-from s3_ceiling import read_ranges
-from s3transfer.manager import TransferConfig, TransferManager
-
-from bbstage.executor import TransferExecutor
-from bbstage.identity import Identity
-from bbstage.movers.implementations.s3.settings import S3Settings
-from bbstage.transfer import TransferSpec
-
 # bbstage's worker processes re-run this file's top level as "__mp_main__" (see the
 # forkserver's preload list in bbstage/executor.py), as the daemon's re-run its console
-# script (~10 ms). These imports (pytest through tests.s3env, rich through bbstage.bench)
-# would cost each fresh worker 0.2-0.5 s once the page cache is dropped, a cost no daemon
-# pays: a copy after more than IDLE_RETIRE seconds (every copy of a full run) looked that
-# much slower. tests/test_bench_s3_light.py keeps it so.
+# script (~10 ms). Run there, these imports (pytest through tests.s3env, rich through
+# bbstage.bench, boto3) cost each fresh worker 0.2-0.5 s once the page cache is dropped,
+# a cost no daemon pays: every bbstage copy of a full run, more than IDLE_RETIRE seconds
+# after the last, looked that much slower. So there only the standard library is
+# imported (tests/test_bench_s3_light.py).
 if __name__ != "__mp_main__":
+    import boto3
+    import s3fs
+    from common import fail, load_result, parser, rotate, save_result, timed
+    from s3_ceiling import read_ranges
+    from s3transfer.manager import TransferConfig, TransferManager
+
     from bbstage.bench.baselines import RCLONE_FLAGS, s3_peer_binary
     from bbstage.bench.cache import cache_policy, settle
+    from bbstage.executor import TransferExecutor
+    from bbstage.identity import Identity
+    from bbstage.movers.implementations.s3.settings import S3Settings
+    from bbstage.transfer import TransferSpec
     from tests.s3env import REGION, S3Env, start
 
 NAME = "s3"

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ["bbstage.bench", "pytest", "rich", "tests.s3env"]
+# Imported by the benchmark's top level, by no worker of the daemon
+HEAVY = ["bbstage.bench", "boto3", "pytest", "rich", "tests.s3env"]
 
 
 def imported_by_running(run_name: str) -> list[str]:
