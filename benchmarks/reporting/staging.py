@@ -148,14 +148,15 @@ def s3(result: dict[str, Any], plots: bool) -> list[str]:
             if f"ratio_vs_{who}" not in c:
                 continue
             x, goal = c[f"ratio_vs_{who}"], goals.get(f"vs_{who}")
-            part = f"**{x:.2f}×** {label}"
+            part = f"**{shown(x, goal)}×** {label}"
             if goal is not None:
                 part += f" (goal ≥ {goal}×: {'met' if x >= goal else 'NOT met'})"
             parts.append(part)
         line = f"* {case.replace('_', ' ')}: " + "; ".join(parts)
         if case.startswith("small") and naive is not None and "ratio_vs_naive" in c:
             y = c["ratio_vs_naive"]
-            line += f"; **{y:.2f}×** naive (goal ≥ {naive}×: {'met' if y >= naive else 'NOT met'})"
+            verdict = "met" if y >= naive else "NOT met"
+            line += f"; **{shown(y, naive)}×** naive (goal ≥ {naive}×: {verdict})"
         lines.append(line + ".")
         if "nowrite" in c["median_s"]:
             lines.append(_ceiling(c))
@@ -175,6 +176,13 @@ def s3(result: dict[str, Any], plots: bool) -> list[str]:
         "",
     ]
     return lines
+
+
+def shown(ratio: float, goal: float | None) -> str:
+    """``ratio`` to two decimals, or three where two would round a miss up onto the goal
+    (1.098 is "1.098", not "1.10 ... NOT met")."""
+    two = f"{ratio:.2f}"
+    return f"{ratio:.3f}" if goal is not None and ratio < goal <= float(two) else two
 
 
 def _ceiling(c: dict[str, Any]) -> str:

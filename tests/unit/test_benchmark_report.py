@@ -53,3 +53,13 @@ def test_a_broken_or_unknown_result_gets_a_generic_table_and_notes_are_kept(
     assert "## Extra\n\nFrom `benchmarks/results/extra.json`" in text
     assert "| n.x | 1.5 |" in text and "old" not in text  # rendered anew, not kept
     assert text.endswith("## Notes by hand\n\nkept\n")
+
+
+def test_a_ratio_that_misses_its_goal_never_reads_as_the_goal() -> None:
+    from reporting.staging import shown
+
+    assert shown(1.098, 1.1) == "1.098"  # two decimals would say 1.10 and "NOT met"
+    assert shown(1.1, 1.1) == "1.10"
+    assert shown(1.0949, 1.1) == "1.09"
+    assert shown(1.3561, 1.1) == "1.36"
+    assert shown(1.098, None) == "1.10"
