@@ -231,8 +231,8 @@ def preallocate(fd: int, size: int) -> None:
     """Give ``fd``'s file its ``size`` bytes of disk at once (Linux ``fallocate``: the blocks
     read as zeros until written), where the file system can. A big download then writes
     into allocated blocks instead of ext4's delayed allocation block by block: 1 GiB from
-    RGW cost the client 0.35 s of CPU instead of 0.44 s, and was ~5% faster, with client and
-    store on the same CPUs (docs/performance.md). A disk or quota too small fails here,
+    RGW cost the client about 0.1 s less CPU and was ~4% faster, with client and store on
+    the same CPUs (docs/performance.md, sessions 21 and 22). A disk or quota too small fails here,
     before the first byte is fetched. Never emulated by writing zeros (glibc's
     ``posix_fallocate`` does that where the file system lacks it): there, nothing is done."""
     if _fallocate is None:
