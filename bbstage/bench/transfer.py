@@ -96,7 +96,7 @@ class DaskRunner:
         from bbstage.dask_executor import DaskExecutor
 
         self._executor = DaskExecutor(movers, client=client)
-        self._owner, self._own_client = owner, client is None
+        self._owner = owner
         self.nodes: set[str] = set()
 
     def __call__(
@@ -125,8 +125,7 @@ class DaskRunner:
 
     def close(self) -> None:
         """Disconnect (a client given by the caller stays open)."""
-        if self._own_client:
-            self._executor.shutdown()
+        self._executor.shutdown()
 
 
 def run_transfer(

@@ -457,6 +457,76 @@ def test_attempts_of_a_killed_daemon_are_stopped_and_their_events_deleted_at_res
     wait_until(lambda: not dask_events(client, "31:0."), 5, "the stopped attempt's events gone")
 
 
+def stuck_connecting(client: Any) -> None:
+    """Break ``client``'s connection so that its reconnection dies as distributed's did in
+    CI: tornado's ValueError out of ``_ensure_connected`` (a scheduler being killed had
+    accepted the connection) ends ``_reconnect``, and the client stays "connecting" for
+    ever, its futures pending."""
+
+    async def dies(timeout: Any = None) -> None:
+        raise ValueError("IOStream is not idle; cannot convert to SSL")
+
+    client._ensure_connected = dies
+    client.loop.add_callback(client.scheduler_comm.comm.abort)
+    wait_until(lambda: client.status == "connecting", 10, "the client to lose its scheduler")
+    time.sleep(0.5)
+    assert client.status == "connecting"  # and there it stays
+
+
+def test_a_client_that_stays_disconnected_is_given_up_and_the_next_transfer_works(
+    area: Path, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempts submitted through a client that distributed's reconnection left
+    "connecting" fail transiently after ``GIVE_UP`` s (the engine tries again); the next
+    transfer goes through a new client, and its bytes arrive."""
+    from bbstage import dask_executor
+
+    monkeypatch.setattr(dask_executor, "GIVE_UP", 1.5)
+    monkeypatch.setattr(dask_executor, "WATCH_EVERY", 0.1)
+    address, real = client.scheduler.address, distributed.Client
+    broken = real(address)
+    made: list[Any] = []
+
+    def new_client(*args: Any, **kwargs: Any) -> Any:  # the daemon's, but without TLS
+        made.append(real(address))
+        return made[-1]
+
+    monkeypatch.setattr(distributed, "Client", new_client)
+    ex = DaskExecutor(config.Movers(engine="dask"), 4, client=broken)
+    src = area / "in"
+    src.write_bytes(os.urandom(1 << 20))
+    src.chmod(0o644)
+    try:
+        stuck_connecting(broken)
+        updates: list[Any] = []
+        started = time.monotonic()
+        future = ex.submit(
+            "41:0", TransferSpec.between(str(src), str(area / "a")), NOBODY, updates.append
+        )
+        error = future.exception(timeout=30)
+        assert isinstance(error, TransferError) and not error.permanent, error
+        assert "was unreachable" in str(error)
+        assert 1.5 <= time.monotonic() - started < 10
+        ends = [u for u in updates if isinstance(u, AttemptUpdate) and u.state != "running"]
+        assert [u.state for u in ends] == ["failed"], ends
+        assert broken.status == "connecting"  # the caller's: given up, not closed here
+
+        again = ex.submit("41:0", TransferSpec.between(str(src), str(area / "b")), NOBODY, noop)
+        assert again.result(timeout=60) == Done(1 << 20, 1)
+        assert file_digest(area / "b") == file_digest(src)
+        assert len(made) == 1 and made[0].status == "running"
+    finally:
+        ex.shutdown()
+        for c in made:
+            c.close(timeout=5)
+        with pytest.raises(ValueError, match="not idle"):  # its reconnection's error again
+            broken.close(timeout=5)
+
+
+def noop(event: Any) -> None:
+    pass
+
+
 def test_bench_with_the_dask_engine_copies_on_the_nodes_as_the_user(
     area: Path, client: Any
 ) -> None:
