@@ -372,6 +372,70 @@ def test_a_scheduler_restart_mid_transfer_leaves_a_complete_verified_job(
         movers("up", str(WORKERS))
 
 
+# A scheduler address that answers each connection with bytes that are no TLS: as when a
+# scheduler being killed still accepts connections, some of the daemon's reconnections end
+# in tornado's "IOStream is not idle; cannot convert to SSL", which distributed does not
+# expect (CI's job 453 hung on it for 400 s, and every job after it).
+GARBLED_SCHEDULER = """
+import socket, sys, time
+host, port = sys.argv[1:]
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+for _ in range(100):  # until the killed scheduler's socket is gone
+    try:
+        s.bind((host, int(port)))
+        break
+    except OSError:
+        time.sleep(0.1)
+s.listen(128)
+while True:
+    c, _ = s.accept()
+    c.sendall(b"x" * 100)
+    c.close()
+"""
+
+
+def test_a_client_whose_reconnection_dies_is_given_up_and_the_job_completes(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """The scheduler is killed mid-transfer and a garbled one answers at its address until
+    the daemon's Dask client has died reconnecting (its log shows tornado's error); then a
+    new scheduler. The client stays "connecting" for ever: the executor gives it up after
+    ``GIVE_UP`` s, failing the attempt sent through it, and the next attempt, through a new
+    client, stages the whole tree. (Once: the client does not depend on Slurm's version.)"""
+    if cluster.slurm != SLURM_VERSIONS[0]:
+        pytest.skip("the Dask client does not depend on Slurm's version: run on 22.05 only")
+    run = Path(cluster.env["BBSTAGE_MOVERS_DIR"]) / "run"
+    host, port = cluster.env["BBSTAGE_MOVERS_SCHEDULER"].removeprefix("tls://").rsplit(":", 1)
+    log = cluster.dir / "log" / "bbstage.log"
+    error = "IOStream is not idle; cannot convert to SSL"
+    before = log.read_text(errors="replace").count(error)
+
+    def garbled_then_restarted() -> None:
+        kill_group(run / "scheduler.pid")
+        python = str(REPO / ".venv" / "bin" / "python")
+        garbled = subprocess.Popen(
+            ["ip", "netns", "exec", "bbm-sched", python, "-c", GARBLED_SCHEDULER, host, port]
+        )
+        try:
+            wait_until(
+                lambda: log.read_text(errors="replace").count(error) > before,
+                60,
+                "the daemon's client to die reconnecting",
+            )
+        finally:
+            garbled.kill()
+            garbled.wait()
+        movers("up", str(WORKERS))
+
+    try:
+        (d,) = staged_through_a_fault(cluster, workdir, garbled_then_restarted)
+    finally:
+        movers("up", str(WORKERS))
+    given_up = [a for a in d["attempts"] if "was unreachable" in a["error"]]
+    assert given_up and all(a["state"] == "failed" for a in given_up), d["attempts"]
+
+
 def test_a_daemon_killed_mid_transfer_leaves_a_complete_verified_job(
     cluster: Cluster, workdir: Path
 ) -> None:
