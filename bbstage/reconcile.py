@@ -31,6 +31,7 @@ import asyncio
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
@@ -55,6 +56,8 @@ STAGING_IN = ("PENDING", "BurstBufferStageIn")
 STAGE_IN_WATCH = 0.5
 # ...or less often, so that those squeue calls take at most this share of the time.
 WATCH_SHARE = 0.05
+# ...judged by the fastest of this many calls.
+PACE_CALLS = 5
 # Cancelled jobs younger than this are watched for being stranded.
 STRANDED_WATCH = 3600.0
 # A job we cancelled that Slurm waits this long for its stage-in is stranded. A real stage-in
@@ -181,15 +184,20 @@ async def once(
 
 
 class Pace:
-    """The pause before the next quick check: ``STAGE_IN_WATCH``, or longer after a slow
-    squeue, so that the calls take at most ``WATCH_SHARE`` of the time."""
+    """The pause before the next quick check: ``STAGE_IN_WATCH``, or longer where squeue is
+    slow, so that the calls take at most ``WATCH_SHARE`` of the time. Slow means the fastest
+    of the last ``PACE_CALLS`` calls: one slow call (a squeue whose libraries were evicted
+    from the page cache, a busy machine: 2.7 s to see an scancel in CI) does not stretch
+    the pause, a squeue that dumps a big cluster's jobs every time does."""
 
     def __init__(self) -> None:
         self.seconds = STAGE_IN_WATCH
+        self._calls: deque[float] = deque(maxlen=PACE_CALLS)
 
     def took(self, seconds: float) -> None:
         """The last call took ``seconds``."""
-        self.seconds = max(STAGE_IN_WATCH, seconds / WATCH_SHARE)
+        self._calls.append(seconds)
+        self.seconds = max(STAGE_IN_WATCH, min(self._calls) / WATCH_SHARE)
 
 
 async def stage_ins(engine: Engine, pace: Pace | None = None) -> list[str]:
