@@ -23,15 +23,7 @@ submitted (the engine records it then: a failure to record it fails the attempt 
 with its node and progress as its events come, and once with its end. Once an attempt's
 outcome is final here its two ``distributed.Event`` (cancel, started) are deleted on the
 scheduler, not before: a rerun of its task (a worker died) must still find ``started`` set.
-A client that stays disconnected is given up: distributed reconnects for
-``SCHEDULER_WAIT`` s and then closes the client, cancelling its futures (each attempt then
-fails transiently and the engine tries again with a new client), but an error it does not
-expect while reconnecting ends the reconnection and leaves the client "connecting" for ever,
-with every future it holds pending (seen: tornado's "IOStream is not idle; cannot convert to
-SSL" when a scheduler being killed still accepted the connection). So a watcher fails the
-attempts of any client not connected for ``GIVE_UP`` s, transiently, and the next transfer
-makes a new client. The tasks of a disconnected client are released by the scheduler (their
-copies stop), so no copy of a given-up attempt races the next one.
+The attempts of a client that stays disconnected fail transiently (``bbstage.dask_client``).
 
 ``distributed`` is imported only here, only when ``[movers] engine = "dask"``.
 """
@@ -48,8 +40,9 @@ from typing import Any
 
 import structlog
 
-from bbstage import planning, remote
+from bbstage import dask_client, planning, remote
 from bbstage.config import Movers
+from bbstage.dask_client import Connection, connected
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
 from bbstage.split import Split
@@ -66,9 +59,6 @@ from bbstage.transfer import (
 log = structlog.get_logger("bbstage.dask")
 
 CANCEL_WAIT = 5.0  # seconds cancel waits for the remote copy to be stopped
-SCHEDULER_WAIT = 60.0  # seconds a transfer waits for an unreachable scheduler to come back
-GIVE_UP = SCHEDULER_WAIT + 15.0  # seconds a client may stay disconnected before it is given up
-WATCH_EVERY = 1.0  # seconds between the watcher's looks at the clients
 
 
 @dataclass
@@ -103,17 +93,13 @@ class DaskExecutor:
         closed here, but given up if it stays disconnected); else one is made, with the
         configured certificates, at the first ``submit``."""
         self._movers = movers
-        self._client: Any = client
-        self._given = client
         self._lock = threading.Lock()
-        self._connecting = threading.Lock()
+        self._connection = Connection(movers, client, self._in_use, self._give_up)
         self._attempts: dict[str, list[_Attempt]] = {}  # transfer key → its running attempts
         self._cancelled: set[str] = set()
         self._closing = False
         # Connecting and waiting on results block: never on the daemon's event loop.
         self._threads = ThreadPoolExecutor(max(4, max_workers), thread_name_prefix="dask")
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
 
     @property
     def running(self) -> int:
@@ -151,7 +137,7 @@ class DaskExecutor:
         from distributed import Event as DaskEvent
 
         try:
-            client = self._connect()
+            client = self._connection.client()
             for attempt in attempts:
                 DaskEvent(remote.cancel_event(attempt), client=client).set()
             time.sleep(CANCEL_WAIT)
@@ -177,10 +163,8 @@ class DaskExecutor:
         attempts = [a for key in keys for a in self._signal(key)]
         for attempt in attempts:
             self._wait(attempt, CANCEL_WAIT / len(attempts))
-        self._stop.set()
         self._threads.shutdown(wait=False)
-        if self._client is not None and self._client is not self._given:
-            _close(self._client)
+        self._connection.close()
 
     def _signal(self, key: str, cancelled: bool = True) -> list[_Attempt]:
         """Set the events of ``key``'s attempts; the attempts that run. ``cancelled``: mark
@@ -192,8 +176,6 @@ class DaskExecutor:
         for attempt in running:  # one not submitted yet sees the cancel in _start
             with attempt.events:
                 if attempt.released:  # ended meanwhile: a set would make the event anew
-                    continue
-                if not _connected(attempt.client):  # the scheduler released its task
                     continue
                 try:
                     attempt.cancel.set()
@@ -207,72 +189,27 @@ class DaskExecutor:
             attempt.future.exception(seconds)
         except FutureTimeout:
             log.warning("remote copy did not stop in time", attempt=attempt.id)
-        if _connected(attempt.client):
-            try:
-                attempt.client.cancel(attempt.dask)
-            except Exception:
-                pass
+        try:
+            attempt.client.cancel(attempt.dask)
+        except Exception:
+            pass
 
-    def _connect(self) -> Any:
-        """The client; a new one if there is none or the old one gave up (the scheduler
-        was away longer than ``SCHEDULER_WAIT``)."""
-        with self._connecting:
-            if self._watcher is None:
-                self._watcher = threading.Thread(
-                    target=self._watch, name="bbstage-dask-watch", daemon=True
-                )
-                self._watcher.start()
-            if self._client is not None and self._client.status not in ("closing", "closed"):
-                return self._client
-            from distributed import Client
-            from distributed.security import Security
-
-            movers = self._movers
-            security = Security(
-                tls_ca_file=str(movers.tls_ca_file),
-                tls_client_cert=str(movers.tls_cert),
-                tls_client_key=str(movers.tls_key),
-                require_encryption=True,
-            )
-            # The timeout bounds the first connection and every reconnection (after that
-            # the client closes, and the next transfer makes a new one).
-            self._client = Client(
-                movers.scheduler, security=security, timeout=SCHEDULER_WAIT, set_as_default=False
-            )
-            return self._client
-
-    def _watch(self) -> None:
-        """Every ``WATCH_EVERY`` s: give up each client (the current one, and those attempts
-        were submitted through) that has not been connected for ``GIVE_UP`` s."""
-        down: dict[Any, float] = {}  # client → since when it has not been connected
-        while not self._stop.wait(WATCH_EVERY):
-            now = time.monotonic()
-            with self._lock:
-                clients = {a.client for g in self._attempts.values() for a in g}
-            clients |= {self._client}
-            down = {c: down.get(c, now) for c in clients if c is not None and not _connected(c)}
-            for client, since in down.items():
-                if now - since >= GIVE_UP:
-                    self._give_up(client)
+    def _in_use(self) -> set[Any]:
+        """The clients the running attempts were sent through."""
+        with self._lock:
+            return {a.client for g in self._attempts.values() for a in g}
 
     def _give_up(self, client: Any) -> None:
-        """Fail the attempts submitted through ``client`` (transiently: the engine tries
-        again) and never use it again."""
-        with self._connecting:
-            if self._client is client:
-                self._client = None
+        """Fail the attempts sent through a client given up (transiently: the engine tries
+        again, through a new client)."""
         with self._lock:
             stuck = [a for g in self._attempts.values() for a in g if a.client is client]
-        log.warning("Dask scheduler unreachable: client given up", scheduler=self._movers.scheduler,
-                    status=client.status, attempts=len(stuck), seconds=GIVE_UP)  # fmt: skip
         error = TransferError(
-            f"the Dask scheduler {self._movers.scheduler} was unreachable for {GIVE_UP:g} s",
+            f"the Dask scheduler {self._movers.scheduler} was unreachable for {dask_client.GIVE_UP:g} s",
             permanent=False,
         )
         for attempt in stuck:
             self._resolve(attempt, error=error)
-        if client is not self._given:
-            self._threads.submit(_close, client)
 
     def _shards(self, client: Any, spec: TransferSpec) -> int:
         """How many shards a transfer is split into, across the workers that have the
@@ -303,7 +240,7 @@ class DaskExecutor:
         future gets an outcome."""
         base = f"{key}.{uuid.uuid4().hex[:12]}"
         try:
-            client = self._connect()
+            client = self._connection.client()
             count = self._shards(client, spec)
         except Exception as exc:
             with self._lock:
@@ -493,21 +430,10 @@ class DaskExecutor:
 
         with attempt.events:
             attempt.released = True
-            if attempt.dask is None or not _connected(attempt.client):
+            if attempt.dask is None or not connected(attempt.client):
                 return
             for name in remote.events(attempt.id):
                 try:
                     DaskEvent(name, client=attempt.client).clear()
                 except Exception as exc:  # the scheduler is gone, and its events with it
                     log.warning("could not delete a Dask event", event=name, error=str(exc))
-
-
-def _connected(client: Any) -> bool:
-    return client is not None and client.status == "running"
-
-
-def _close(client: Any) -> None:
-    try:
-        client.close(timeout=5)
-    except Exception:
-        pass

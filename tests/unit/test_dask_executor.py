@@ -56,6 +56,7 @@ def executor(client: Any) -> Iterator[DaskExecutor]:
     yield ex
     for key in list(ex._attempts):
         ex.cancel(key)
+    ex.shutdown()  # the module's client stays open
 
 
 def sparse(area: Path, size: int = 8 << 30) -> Path:
@@ -258,6 +259,7 @@ def split(client: Any) -> Iterator[DaskExecutor]:
     yield ex
     for key in list(ex._attempts):
         ex.cancel(key)
+    ex.shutdown()  # the module's client stays open
 
 
 def test_a_tree_split_into_shards_is_staged_whole_with_one_summed_plan(
@@ -479,10 +481,10 @@ def test_a_client_that_stays_disconnected_is_given_up_and_the_next_transfer_work
     """The attempts submitted through a client that distributed's reconnection left
     "connecting" fail transiently after ``GIVE_UP`` s (the engine tries again); the next
     transfer goes through a new client, and its bytes arrive."""
-    from bbstage import dask_executor
+    from bbstage import dask_client
 
-    monkeypatch.setattr(dask_executor, "GIVE_UP", 1.5)
-    monkeypatch.setattr(dask_executor, "WATCH_EVERY", 0.1)
+    monkeypatch.setattr(dask_client, "GIVE_UP", 1.5)
+    monkeypatch.setattr(dask_client, "WATCH_EVERY", 0.1)
     address, real = client.scheduler.address, distributed.Client
     broken = real(address)
     made: list[Any] = []
