@@ -30,6 +30,7 @@ log = structlog.get_logger("bbstage.dask")
 SCHEDULER_WAIT = 60.0  # seconds a transfer waits for an unreachable scheduler to come back
 GIVE_UP = SCHEDULER_WAIT + 15.0  # seconds a client may stay disconnected before it is given up
 WATCH_EVERY = 1.0  # seconds between the watcher's looks at the clients
+READY_EVERY = 0.5  # seconds between looks for a connected client
 
 
 def connected(client: Any) -> bool:
@@ -88,6 +89,24 @@ class Connection:
                 movers.scheduler, security=security, timeout=SCHEDULER_WAIT, set_as_default=False
             )
             return self._client
+
+    def ready(self, stop: Callable[[], bool]) -> Any:
+        """A connected client. Nothing should be sent through one that is not (distributed
+        holds it until it reconnects, if it ever does): wait for the scheduler to come back,
+        or for the watcher to give the client up and a new one to connect, up to ``GIVE_UP``
+        s and a little, or until ``stop()``; then raise the last error."""
+        deadline = time.monotonic() + GIVE_UP + 5 * WATCH_EVERY
+        while True:
+            try:
+                client = self.client()
+                if connected(client):
+                    return client
+                error: Exception = ConnectionError(f"the client is {client.status}")
+            except Exception as exc:  # e.g. tornado's ValueError from a dying scheduler
+                error = exc
+            if time.monotonic() >= deadline or stop():
+                raise error
+            time.sleep(READY_EVERY)
 
     def close(self) -> None:
         """Stop the watcher and close the client, if it was made here."""

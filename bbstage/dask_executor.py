@@ -204,9 +204,9 @@ class DaskExecutor:
         again, through a new client)."""
         with self._lock:
             stuck = [a for g in self._attempts.values() for a in g if a.client is client]
+        scheduler, seconds = self._movers.scheduler, dask_client.GIVE_UP
         error = TransferError(
-            f"the Dask scheduler {self._movers.scheduler} was unreachable for {dask_client.GIVE_UP:g} s",
-            permanent=False,
+            f"the Dask scheduler {scheduler} was unreachable for {seconds:g} s", permanent=False
         )
         for attempt in stuck:
             self._resolve(attempt, error=error)
@@ -240,12 +240,12 @@ class DaskExecutor:
         future gets an outcome."""
         base = f"{key}.{uuid.uuid4().hex[:12]}"
         try:
-            client = self._connection.client()
+            client = self._connection.ready(lambda: key in self._cancelled or self._closing)
             count = self._shards(client, spec)
         except Exception as exc:
             with self._lock:
                 self._attempts.pop(key, None)
-            future.set_exception(self._unreachable(exc))
+            future.set_exception(Cancelled() if key in self._cancelled else self._unreachable(exc))
             return
         if count == 1:
             whole = spec.shard or Shard(0, 1)
@@ -424,16 +424,23 @@ class DaskExecutor:
         """Delete the attempt's Dask events on the scheduler: an event cleared while nobody
         waits on it is deleted (``distributed.event.EventExtension.event_clear``). Only once
         its outcome is final here: until then a rerun of its task must find ``started``.
-        Not through a client that is not connected: its scheduler is gone or released the
-        task, and asking would wait for the connection."""
-        from distributed import Event as DaskEvent
-
+        Through a client that is not connected (a scheduler that restarted, one given up),
+        asking waits for the scheduler: in a thread of its own, not the executor's."""
         with attempt.events:
-            attempt.released = True
-            if attempt.dask is None or not connected(attempt.client):
+            attempt.released = True  # no set after this: it would make the event anew
+            if attempt.dask is None:  # never submitted
                 return
-            for name in remote.events(attempt.id):
-                try:
-                    DaskEvent(name, client=attempt.client).clear()
-                except Exception as exc:  # the scheduler is gone, and its events with it
-                    log.warning("could not delete a Dask event", event=name, error=str(exc))
+        if connected(attempt.client):
+            _clear(attempt)
+        else:
+            threading.Thread(target=_clear, args=(attempt,), daemon=True).start()
+
+
+def _clear(attempt: _Attempt) -> None:
+    from distributed import Event as DaskEvent
+
+    for name in remote.events(attempt.id):
+        try:
+            DaskEvent(name, client=attempt.client).clear()
+        except Exception as exc:  # the scheduler is gone, and its events with it
+            log.warning("could not delete a Dask event", event=name, error=str(exc))

@@ -97,3 +97,24 @@ def watchers() -> set[threading.Thread]:
 def test_connected() -> None:
     assert connected(FakeClient()) and not connected(FakeClient("connecting"))
     assert not connected(None)
+
+
+def test_ready_waits_for_the_client_to_connect(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dask_client, "READY_EVERY", 0.01)
+    client = FakeClient("connecting")
+    conn = Connection(config.Movers(engine="dask"), client, set, print)
+    threading.Timer(0.1, lambda: setattr(client, "status", "running")).start()
+    try:
+        assert conn.ready(lambda: False) is client
+    finally:
+        conn.close()
+
+
+def test_ready_gives_up_when_told_to_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dask_client, "READY_EVERY", 0.01)
+    conn = Connection(config.Movers(engine="dask"), FakeClient("connecting"), set, print)
+    try:
+        with pytest.raises(ConnectionError, match="connecting"):
+            conn.ready(lambda: True)
+    finally:
+        conn.close()

@@ -475,12 +475,12 @@ def stuck_connecting(client: Any) -> None:
     assert client.status == "connecting"  # and there it stays
 
 
-def test_a_client_that_stays_disconnected_is_given_up_and_the_next_transfer_works(
+def test_a_transfer_waits_for_a_connected_client_and_a_stuck_one_is_replaced(
     area: Path, client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The attempts submitted through a client that distributed's reconnection left
-    "connecting" fail transiently after ``GIVE_UP`` s (the engine tries again); the next
-    transfer goes through a new client, and its bytes arrive."""
+    """Nothing is sent through a client that distributed's reconnection left "connecting"
+    (it would hold it for ever): the transfer waits, the watcher gives the client up after
+    ``GIVE_UP`` s, and the transfer goes through a new client; its bytes arrive."""
     from bbstage import dask_client
 
     monkeypatch.setattr(dask_client, "GIVE_UP", 1.5)
@@ -500,29 +500,44 @@ def test_a_client_that_stays_disconnected_is_given_up_and_the_next_transfer_work
     src.chmod(0o644)
     try:
         stuck_connecting(broken)
-        updates: list[Any] = []
         started = time.monotonic()
-        future = ex.submit(
-            "41:0", TransferSpec.between(str(src), str(area / "a")), NOBODY, updates.append
-        )
-        error = future.exception(timeout=30)
-        assert isinstance(error, TransferError) and not error.permanent, error
-        assert "was unreachable" in str(error)
-        assert 1.5 <= time.monotonic() - started < 10
-        ends = [u for u in updates if isinstance(u, AttemptUpdate) and u.state != "running"]
-        assert [u.state for u in ends] == ["failed"], ends
-        assert broken.status == "connecting"  # the caller's: given up, not closed here
-
-        again = ex.submit("41:0", TransferSpec.between(str(src), str(area / "b")), NOBODY, noop)
-        assert again.result(timeout=60) == Done(1 << 20, 1)
-        assert file_digest(area / "b") == file_digest(src)
+        future = ex.submit("41:0", TransferSpec.between(str(src), str(area / "a")), NOBODY, noop)
+        assert future.result(timeout=60) == Done(1 << 20, 1)
+        assert time.monotonic() - started >= 1.5
+        assert file_digest(area / "a") == file_digest(src)
         assert len(made) == 1 and made[0].status == "running"
+        assert broken.status == "connecting"  # the caller's: given up, not closed here
     finally:
         ex.shutdown()
         for c in made:
             c.close(timeout=5)
         with pytest.raises(ValueError, match="not idle"):  # its reconnection's error again
             broken.close(timeout=5)
+        # Else its __del__ closes it again at exit, logging that error from its loop's
+        # thread; Python 3.11.2's traceback parses source for its carets, and an ast.parse
+        # there at the moment the main thread compiles fails that compile ("AST constructor
+        # recursion depth mismatch": 3.11.2 keeps that count per interpreter, not per thread;
+        # seen when pytest imported a plugin at the end of the session).
+        broken.status = "closed"
+
+
+def test_the_attempts_sent_through_a_client_given_up_fail_transiently(area: Path) -> None:
+    """(Sent before the client lost its scheduler, an attempt is cancelled by distributed;
+    this is for one sent in the moment it did.) The others are left alone."""
+    ex = DaskExecutor(config.Movers(engine="dask"), 4, client=mock.Mock(status="running"))
+    gone, other = mock.Mock(status="connecting"), mock.Mock(status="running")
+    told: list[AttemptUpdate] = []
+    attempts = [
+        _Attempt("42:0", f"42:0.a/{i}", noop, Future(), told.append, client=c)
+        for i, c in enumerate((gone, other))
+    ]
+    ex._attempts["42:0"] = list(attempts)
+    ex._give_up(gone)
+    error = attempts[0].future.exception(0)
+    assert isinstance(error, TransferError) and not error.permanent
+    assert "was unreachable" in str(error)
+    assert [u.state for u in told] == ["failed"] and not attempts[1].future.done()
+    ex._attempts.clear()
 
 
 def noop(event: Any) -> None:
