@@ -23,7 +23,8 @@ submitted (the engine records it then: a failure to record it fails the attempt 
 with its node and progress as its events come, and once with its end. Once an attempt's
 outcome is final here its two ``distributed.Event`` (cancel, started) are deleted on the
 scheduler, not before: a rerun of its task (a worker died) must still find ``started`` set.
-The attempts of a client that stays disconnected fail transiently (``bbstage.dask_client``).
+Nothing is sent through a client that is not connected; one that stays disconnected is given
+up and its attempts fail transiently (``bbstage.dask_client``).
 
 ``distributed`` is imported only here, only when ``[movers] engine = "dask"``.
 """
