@@ -27,7 +27,7 @@ from bbstage.config import Movers
 
 log = structlog.get_logger("bbstage.dask")
 
-SCHEDULER_WAIT = 60.0  # seconds a transfer waits for an unreachable scheduler to come back
+SCHEDULER_WAIT = 60.0  # seconds distributed tries to reconnect a client before closing it
 GIVE_UP = SCHEDULER_WAIT + 15.0  # seconds a client may stay disconnected before it is given up
 WATCH_EVERY = 1.0  # seconds between the watcher's looks at the clients
 READY_EVERY = 0.5  # seconds between looks for a connected client
