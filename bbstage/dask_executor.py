@@ -444,4 +444,4 @@ def _clear(attempt: _Attempt) -> None:
         try:
             DaskEvent(name, client=attempt.client).clear()
         except Exception as exc:  # the scheduler is gone, and its events with it
-            log.warning("could not delete a Dask event", event=name, error=str(exc))
+            log.warning("could not delete a Dask event", dask_event=name, error=str(exc))

@@ -540,6 +540,19 @@ def test_the_attempts_sent_through_a_client_given_up_fail_transiently(area: Path
     ex._attempts.clear()
 
 
+def test_an_event_that_cannot_be_deleted_is_logged_not_raised(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """(It ran in a thread of its own and died there: the warning passed ``event=`` to
+    structlog, whose first argument is the event.)"""
+    from bbstage.dask_executor import _clear
+
+    gone = mock.Mock(status="connecting")
+    gone.sync.side_effect = OSError("the scheduler is gone")
+    _clear(_Attempt("43:0", "43:0.a", noop, Future(), noop, client=gone))
+    assert "could not delete a Dask event" in capsys.readouterr().out
+
+
 def noop(event: Any) -> None:
     pass
 
