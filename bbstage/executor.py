@@ -75,6 +75,10 @@ class TransferExecutor:
                 "aiobotocore.session",
                 "obstore",  # 15 MB of Rust: else read at each worker's first small object
                 "bbstage.movers.implementations.s3.preload",  # botocore's S3 model, parsed
+                # Else read from disk by each worker (its start, its first connection)
+                "pkgutil",
+                "multiprocessing.popen_forkserver",
+                "encodings.idna",
             ]
         )
         forkserver.ensure_running()  # now, not in the middle of the first job's setup

@@ -127,3 +127,32 @@ def test_obstore_errors_are_read_by_their_http_status_not_the_address(
 
     err = translate_obstore(ObstoreError(Exception(text)), "s3://b/k", "who", "http://x")
     assert (err.permanent, getattr(err, "code", None)) == (permanent, code)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "verify", "verified"),
+    [
+        ("http://127.0.0.1:7480", True, False),  # no TLS: no roots loaded (each store read
+        # every file of /etc/ssl/certs, 50 ms with a cold page cache)
+        ("https://s3.example.org", True, True),
+        ("https://s3.example.org", False, False),
+    ],
+)
+def test_certificates_are_verified_and_loaded_only_for_tls(
+    monkeypatch: pytest.MonkeyPatch, endpoint: str, verify: bool, verified: bool
+) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    import obstore.store
+
+    from bbstage.movers.implementations.s3 import S3Settings
+
+    built: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        obstore.store, "S3Store", lambda *a, client_options, **k: built.append(client_options)
+    )
+    client = SimpleNamespace(meta=SimpleNamespace(endpoint_url=endpoint, region_name="r"))
+    store = fast.FastS3(client, None, CREDS, S3Settings(verify=verify))
+    asyncio.run(store.store("b"))
+    assert built[0].get("allow_invalid_certificates", False) is not verified
