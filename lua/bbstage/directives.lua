@@ -1,11 +1,12 @@
 -- #BB_LUA directive parser for slurm_bb_job_process (grammar: docs/directives.md).
 -- Mirrors bbstage/directives.py check for check; tests/corpus keeps the two in step.
--- Lua 5.1, string functions only, linear time, stops at the end of the script header.
+-- Lua 5.1 to 5.4, string functions only, linear time, stops at the end of the script header.
 -- slurmctld compiles this on every submission: keep it short (messages live in one string).
 local M = {}
 local find, sub, byte, match, upper, format = string.find, string.sub, string.byte, string.match,
 	string.upper, string.format
-local gsub, unpack, error, pcall, type, tonumber = string.gsub, unpack, error, pcall, type, tonumber
+local gsub, unpack, error, pcall, type, tonumber = string.gsub, table.unpack or unpack, error, pcall, type,
+	tonumber
 local ipairs, select, tostring = ipairs, select, tostring
 
 M.MAX_SCRIPT_BYTES, M.MAX_LINE_BYTES, M.MAX_DIRECTIVES, M.MAX_ERRORS = 4194304, 4096, 256, 20

@@ -1,4 +1,4 @@
--- bbstage.zmtp: a minimal pure-Lua 5.1 ZeroMQ REQ client (ZMTP 3.0, NULL mechanism)
+-- bbstage.zmtp: a minimal pure-Lua (5.1 to 5.4) ZeroMQ REQ client (ZMTP 3.0, NULL mechanism)
 -- over lua-socket's Unix stream sockets, i.e. what libzmq calls "ipc://<path>".
 -- One call = one connection = one request and its reply.  See docs/protocol.md.
 --
@@ -14,6 +14,7 @@ local unix = require("socket.unix")
 
 local M = {}
 local char, byte, floor = string.char, string.byte, math.floor
+local unpack = table.unpack or unpack                  -- a global only in Lua 5.1
 
 local MORE, LONG, COMMAND = 1, 2, 4                    -- frame flag bits
 local MAX_FRAME = 2 ^ 32                               -- sanity bound on a peer's frame size
