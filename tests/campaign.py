@@ -1,7 +1,7 @@
 """The fault campaign (issue [K]): a mixed staging workload on the real local cluster and RGW,
 faults injected at random moments, and invariants I1-I7 checked on every job after each round.
 
-Run it as ``scripts/fault-campaign --seed N --faults K [--slurm 24.11] [--json]`` (root, under
+Run it as ``scripts/fault-campaign --seed N --faults K [--slurm 24.11|26.05] [--json]`` (root, under
 ``flock /tmp/bbstage-cluster.lock``). docs/reliability.md says what it checks and how.
 
 Jobs prove I1 themselves: each script hashes what was staged in (``sha256sum``) into
@@ -283,8 +283,9 @@ class Campaign:
         self.cleanups.append(lambda: umount(point))
         self.mounts = [point]
         if self.version != "22.05":
-            # The 24.11 root's bind mounts are private: show the job steps the same tmpfs.
-            root = Path(os.environ.get("BBSTAGE_SLURM_ROOT", "/var/tmp/bbstage-slurm-24.11-root"))
+            # The root's bind mounts (24.11, 26.05) are private: show the job steps the same tmpfs.
+            default = f"/var/tmp/bbstage-slurm-{self.version}-root"
+            root = Path(os.environ.get("BBSTAGE_SLURM_ROOT", default))
             inner = Path(f"{root}{point}")
             subprocess.run(["mount", "--bind", str(point), str(inner)], check=True)
             self.cleanups.append(lambda: umount(inner))
@@ -1079,7 +1080,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--faults", type=int, default=20, help="faults to inject [20]")
-    parser.add_argument("--slurm", default="22.05", choices=("22.05", "24.11"))
+    parser.add_argument("--slurm", default="22.05", choices=("22.05", "24.11", "26.05"))
     parser.add_argument("--kinds", help="only these faults (comma-separated) [all]")
     parser.add_argument("--per-round", type=int, default=2, help="faults per round [2]")
     parser.add_argument(
