@@ -20,7 +20,7 @@ from tests.helpers import (
     wait_until,
 )
 
-from .conftest import REPO, USER, Cluster, as_user
+from .conftest import NEWEST, REPO, USER, Cluster, as_user
 
 pytestmark = pytest.mark.cluster
 
@@ -96,8 +96,9 @@ def test_slurmctld_restart_during_stage_in(cluster: Cluster, workdir: Path) -> N
     check_all(cluster, workdir, jobs, 40, stranded_ok=True)
 
 
-# 24.11 only: its state saving (read in its code); 22.05's data_in is one blocking call.
-@pytest.mark.parametrize("cluster", ["24.11"], indirect=True)
+# 24.05+ only: its state saving (read in 24.11's code, unchanged in 26.05's _recover_job_bb);
+# 22.05's data_in is one blocking call. Run on the newest generation.
+@pytest.mark.parametrize("cluster", [NEWEST], indirect=True)
 def test_a_job_slurm_strands_in_stage_in_is_cancelled_with_the_reason(
     cluster: Cluster, workdir: Path
 ) -> None:

@@ -22,7 +22,8 @@ from tests.helpers import make_tree, wait_until
 
 from .conftest import OTHER, USER, Cluster, as_user
 
-pytestmark = pytest.mark.cluster
+# Also on the middle generations (24.11): the smoke subset of their hook API (conftest.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.every_generation]
 
 
 def daemon_log(cluster: Cluster, job: str) -> list[dict]:

@@ -11,7 +11,8 @@ from tests.helpers import file_digest, make_tree, wait_until
 
 from .conftest import USER, Cluster, as_user
 
-pytestmark = pytest.mark.cluster
+# Also on the middle generations (24.11): the smoke subset of their hook API (conftest.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.every_generation]
 
 
 def test_job_stages_inputs_in_and_outputs_out(cluster: Cluster, workdir: Path) -> None:
