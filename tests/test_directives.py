@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,19 +15,19 @@ from bbstage import directives
 from bbstage.directives import parse
 from bbstage.protocol import from_bytes
 
+from .luas import LUAS, interpreter
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = sorted((ROOT / "tests" / "corpus").glob("*.json"))
 RUNNER = ROOT / "tests" / "lua" / "parse_corpus.lua"
-LUA = shutil.which("lua5.1")
 
 
 class LuaParser:
-    """One lua5.1 process running tests/lua/parse_corpus.lua, fed length-prefixed scripts."""
+    """One Lua process running tests/lua/parse_corpus.lua, fed length-prefixed scripts."""
 
-    def __init__(self) -> None:
-        assert LUA is not None
+    def __init__(self, lua: str) -> None:
         self.proc = subprocess.Popen(
-            [LUA, str(RUNNER), str(ROOT / "lua")],
+            [interpreter(lua), str(RUNNER), str(ROOT / "lua")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -54,11 +53,9 @@ class LuaParser:
         self.proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def lua() -> Any:
-    if LUA is None:
-        pytest.fail("lua5.1 not installed: scripts/local-cluster up (scripts/test) installs it")
-    parser = LuaParser()
+@pytest.fixture(scope="module", params=LUAS)  # every interpreter: ~1 s each
+def lua(request: pytest.FixtureRequest) -> Any:
+    parser = LuaParser(request.param)
     yield parser
     parser.close()
 

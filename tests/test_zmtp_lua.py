@@ -1,6 +1,7 @@
 """Tests of lua/bbstage/zmtp.lua (pure-Lua ZMTP 3.0 REQ client).
 
-The Lua client runs under ``lua5.1`` through the driver scripts in ``tests/lua/`` and
+The Lua client runs under every Lua a Slurm may link (``lua5.1`` … ``lua5.4``, tests/luas.py)
+through the driver scripts in ``tests/lua/`` and
 talks to a real pyzmq ROUTER (or, for the protocol-level cases, to a hand-written
 ZMTP peer on a raw Unix socket) bound in ``tmp_path``.
 """
@@ -8,7 +9,6 @@ ZMTP peer on a raw Unix socket) bound in ``tmp_path``.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import struct
 import subprocess
@@ -21,13 +21,14 @@ import pytest
 import zmq
 
 from .helpers import digest
+from .luas import lua_fixture
 
 REPO = Path(__file__).resolve().parent.parent
 LUA_DIR = REPO / "lua"
 REQUEST_LUA = REPO / "tests" / "lua" / "zmtp_request.lua"
 LOOP_LUA = REPO / "tests" / "lua" / "zmtp_loop.lua"
 
-pytestmark = pytest.mark.skipif(shutil.which("lua5.1") is None, reason="lua5.1 not installed")
+lua = lua_fixture()  # every test under lua5.1 ... lua5.4; a missing one fails
 
 
 # --------------------------------------------------------------------------- helpers
@@ -59,9 +60,9 @@ class Result:
                 self.elapsed = float(rest)
 
 
-def lua_request(sock: Path, frames: list[str], timeout: float = 5.0) -> Result:
-    """Run one zmtp.request() in a fresh lua5.1 process."""
-    cmd = ["lua5.1", str(REQUEST_LUA), str(LUA_DIR), str(sock), str(timeout), *frames]
+def lua_request(lua: str, sock: Path, frames: list[str], timeout: float = 5.0) -> Result:
+    """Run one zmtp.request() in a fresh ``lua`` process."""
+    cmd = [lua, str(REQUEST_LUA), str(LUA_DIR), str(sock), str(timeout), *frames]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30)
     res = Result(proc, time.monotonic() - t0)
@@ -128,10 +129,10 @@ def sock_path(tmp_path: Path) -> Path:
 # ------------------------------------------------------------------ real ROUTER cases
 
 
-def test_round_trip_short_frames(sock_path: Path) -> None:
+def test_round_trip_short_frames(lua: str, sock_path: Path) -> None:
     r = Router(sock_path, echo)
     try:
-        res = lua_request(sock_path, ['{"v":1,"op":"get_status"}', "second"])
+        res = lua_request(lua, sock_path, ['{"v":1,"op":"get_status"}', "second"])
     finally:
         r.close()
     assert res.returncode == 0, res.stdout
@@ -140,7 +141,7 @@ def test_round_trip_short_frames(sock_path: Path) -> None:
     assert r.received[0][1:] == [b"", b'{"v":1,"op":"get_status"}', b"second"]
 
 
-def test_long_frames_both_directions(sock_path: Path, tmp_path: Path) -> None:
+def test_long_frames_both_directions(lua: str, sock_path: Path, tmp_path: Path) -> None:
     big = os.urandom(5 * 1024 * 1024)
     big_file = tmp_path / "big.bin"
     big_file.write_bytes(big)
@@ -152,7 +153,7 @@ def test_long_frames_both_directions(sock_path: Path, tmp_path: Path) -> None:
 
     r = Router(sock_path, handler)
     try:
-        res = lua_request(sock_path, [f"@{big_file}"], timeout=20)
+        res = lua_request(lua, sock_path, [f"@{big_file}"], timeout=20)
     finally:
         r.close()
     assert res.returncode == 0, res.stdout[:500]
@@ -160,10 +161,10 @@ def test_long_frames_both_directions(sock_path: Path, tmp_path: Path) -> None:
     assert digest(r.received[0][2]) == digest(big)
 
 
-def test_empty_frame(sock_path: Path) -> None:
+def test_empty_frame(lua: str, sock_path: Path) -> None:
     r = Router(sock_path, lambda router, msg: router.reply(msg, b"ok", b""))
     try:
-        res = lua_request(sock_path, [""])
+        res = lua_request(lua, sock_path, [""])
     finally:
         r.close()
     assert res.returncode == 0, res.stdout
@@ -171,8 +172,8 @@ def test_empty_frame(sock_path: Path) -> None:
     assert r.received[0][1:] == [b"", b""]
 
 
-def test_no_socket_file_is_unreachable_at_once(sock_path: Path) -> None:
-    res = lua_request(sock_path, ["hello"], timeout=10)
+def test_no_socket_file_is_unreachable_at_once(lua: str, sock_path: Path) -> None:
+    res = lua_request(lua, sock_path, ["hello"], timeout=10)
     assert res.returncode == 1
     assert res.kind == "unreachable"
     assert str(sock_path) in (res.message or "")
@@ -180,19 +181,19 @@ def test_no_socket_file_is_unreachable_at_once(sock_path: Path) -> None:
     assert res.wall < 5  # process start included, still nowhere near the 10 s deadline
 
 
-def test_socket_file_without_listener_is_unreachable(sock_path: Path) -> None:
+def test_socket_file_without_listener_is_unreachable(lua: str, sock_path: Path) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(sock_path))  # creates the file; never listen()
     s.close()
     assert sock_path.exists()
-    res = lua_request(sock_path, ["hello"], timeout=10)
+    res = lua_request(lua, sock_path, ["hello"], timeout=10)
     assert res.kind == "unreachable", res.stdout
     assert str(sock_path) in (res.message or "")
     assert "refused" in (res.message or "")
     assert res.elapsed is not None and res.elapsed < 0.5
 
 
-def test_daemon_restart_while_waiting_is_retried(sock_path: Path) -> None:
+def test_daemon_restart_while_waiting_is_retried(lua: str, sock_path: Path) -> None:
     def handler(router: Router, msg: list[bytes]) -> None:
         if len(router.received) == 1:  # first request: "crash" and come back later
             router.sock.close(0)
@@ -203,7 +204,7 @@ def test_daemon_restart_while_waiting_is_retried(sock_path: Path) -> None:
 
     r = Router(sock_path, handler)
     try:
-        res = lua_request(sock_path, ["idempotent request"], timeout=10)
+        res = lua_request(lua, sock_path, ["idempotent request"], timeout=10)
     finally:
         r.close()
     assert res.returncode == 0, res.stdout
@@ -212,24 +213,24 @@ def test_daemon_restart_while_waiting_is_retried(sock_path: Path) -> None:
     assert res.elapsed is not None and 0.4 < res.elapsed < 5
 
 
-def test_daemon_gone_for_good_times_out(sock_path: Path) -> None:
+def test_daemon_gone_for_good_times_out(lua: str, sock_path: Path) -> None:
     def handler(router: Router, msg: list[bytes]) -> None:
         router.sock.close(0)
         router.sock = router.ctx.socket(zmq.ROUTER)  # unbound: poll() never fires
 
     r = Router(sock_path, handler)
     try:
-        res = lua_request(sock_path, ["hello"], timeout=1.5)
+        res = lua_request(lua, sock_path, ["hello"], timeout=1.5)
     finally:
         r.close()
     assert res.kind == "timeout", res.stdout
     assert res.elapsed is not None and 1.4 < res.elapsed < 2.0
 
 
-def test_never_answering_daemon_times_out_at_deadline(sock_path: Path) -> None:
+def test_never_answering_daemon_times_out_at_deadline(lua: str, sock_path: Path) -> None:
     r = Router(sock_path, lambda router, msg: None)
     try:
-        res = lua_request(sock_path, ["hello"], timeout=1.0)
+        res = lua_request(lua, sock_path, ["hello"], timeout=1.0)
     finally:
         r.close()
     assert res.returncode == 1
@@ -239,11 +240,11 @@ def test_never_answering_daemon_times_out_at_deadline(sock_path: Path) -> None:
     assert len(r.received) == 1  # sent once, not re-sent on a mere timeout
 
 
-def test_many_sequential_requests(sock_path: Path) -> None:
+def test_many_sequential_requests(lua: str, sock_path: Path) -> None:
     n = 1000
     r = Router(sock_path, echo)
     try:
-        cmd = ["lua5.1", str(LOOP_LUA), str(LUA_DIR), str(sock_path), str(n)]
+        cmd = [lua, str(LOOP_LUA), str(LUA_DIR), str(sock_path), str(n)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     finally:
         r.close()
@@ -327,7 +328,7 @@ class FakePeer:
         assert not self.errors, self.errors
 
 
-def test_fragmented_handshake_and_long_reply(sock_path: Path) -> None:
+def test_fragmented_handshake_and_long_reply(lua: str, sock_path: Path) -> None:
     seen: dict[str, object] = {}
     long_message = b"m" * 700
 
@@ -357,7 +358,7 @@ def test_fragmented_handshake_and_long_reply(sock_path: Path) -> None:
 
     peer = FakePeer(sock_path, script)
     try:
-        res = lua_request(sock_path, ["hello"])
+        res = lua_request(lua, sock_path, ["hello"])
     finally:
         peer.close()
     assert res.returncode == 0, res.stdout
@@ -409,10 +410,10 @@ def _handshake(conn: socket.socket) -> None:
     ],
     ids=["not-zmtp", "error-command", "no-delimiter"],
 )
-def test_protocol_violations(sock_path: Path, script: Callable, expect: str) -> None:
+def test_protocol_violations(lua: str, sock_path: Path, script: Callable, expect: str) -> None:
     peer = FakePeer(sock_path, lambda conn: (script(conn), until_closed(conn)))
     try:
-        res = lua_request(sock_path, ["hello"], timeout=5)
+        res = lua_request(lua, sock_path, ["hello"], timeout=5)
     finally:
         peer.close()
     assert res.kind == "protocol", res.stdout
