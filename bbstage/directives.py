@@ -1,4 +1,4 @@
-"""Parser for the ``#BB_LUA`` staging directives of a batch script.
+"""Parser for the staging directives of a batch script: ``#BB_LUA``, and DataWarp/NNF ``#DW``.
 
 The grammar is specified in ``docs/directives.md``.  ``lua/bbstage/directives.lua`` implements
 the same grammar for slurmctld; ``tests/corpus/*.json`` keeps the two in step, so any change
@@ -26,6 +26,32 @@ OPTION_VALUES = {
 }
 OPTION_HINTS = {"checksum": "none, xxh3 or blake2b", "overwrite": "always, never or newer"}
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+# #DW jobdw capacity=: Slurm's own units (suffix_mult: "GB" is 10^9, "G" and "GiB" are 2^30)
+DW_UNITS = dict(UNITS)
+for _u, _e in (("K", 1), ("M", 2), ("G", 3), ("T", 4), ("P", 5)):
+    DW_UNITS[_u + "IB"], DW_UNITS[_u + "B"] = 2 ** (10 * _e), 10 ** (3 * _e)
+# #DW verbs that stage, and what they are in bbstage (NNF's copy_in is DataWarp's stage_in)
+DW_VERBS = {"stage_in": "stage_in", "stage_out": "stage_out", "copy_in": "stage_in",
+            "copy_out": "stage_out"}  # fmt: skip
+DW_STAGE_KEYS = {
+    "stage_in": ("source", "destination", "type"),
+    "copy_in": ("source", "destination"),
+}
+DW_STAGE_KEYS["stage_out"], DW_STAGE_KEYS["copy_out"] = (
+    DW_STAGE_KEYS["stage_in"],
+    DW_STAGE_KEYS["copy_in"],
+)
+DW_REFUSED = {
+    "persistentdw": "persistent",
+    "create_persistent": "persistent",
+    "destroy_persistent": "persistent",
+    "swap": "swap",
+    "container": "container",
+}
+JOBDW_KEYS = ("capacity", "pool", "type", "access_mode", "name")
+JOBDW_TYPES = ("scratch", "xfs", "gfs2", "lustre")  # DataWarp's scratch; NNF's file systems
+ACCESS_MODES = ("striped", "private", "striped,private", "private,striped")
+DW_SCRATCH_VARS = ("DW_JOB_STRIPED", "DW_JOB_PRIVATE")
 
 # Message templates by key; the error code is the key up to "/". Identical to MSGS in the Lua
 # module (tests/test_directives.py compares them). Every message is "line N: [verb: ]" + this.
@@ -49,8 +75,8 @@ MESSAGES: dict[str, str] = {
     ),
     "missing-value/sbatch": '#SBATCH --bb has no value: write #SBATCH --bb="#BB_LUA ..."',
     "bad-bb-option": (
-        "#SBATCH --bb value must start with #BB_LUA (Slurm inserts it into the script as "
-        'a line): write #SBATCH --bb="#BB_LUA ..."'
+        "#SBATCH --bb value must start with #BB_LUA or #DW (Slurm inserts it into the script "
+        'as a line): write #SBATCH --bb="#BB_LUA ..."'
     ),
     "bad-token/key": '"=" without a key: write key=value',
     "unterminated-quote": 'unterminated quote in value of "%s": add the closing "',
@@ -74,8 +100,9 @@ MESSAGES: dict[str, str] = {
     "empty-value": 'empty value for "%s": give a value',
     "missing-value": "missing %s=: add %s=<location>",
     "unknown-variable": (
-        '"%s" in %s: only a leading $BB_SCRATCH is expanded (use %%u for the user name, '
-        "%%j for the job id)"
+        '"%s" in %s: only a leading $BB_SCRATCH, $DW_JOB_STRIPED, $DW_JOB_PRIVATE or '
+        "$DW_JOB_<name of a #DW jobdw above> is expanded (use %%u for the user name, %%j for "
+        "the job id)"
     ),
     "bad-scheme": (
         'unsupported scheme in %s "%s": use an absolute path, $BB_SCRATCH/..., or s3://bucket/key'
@@ -129,15 +156,72 @@ MESSAGES: dict[str, str] = {
         "suffix (binary units), above 0 and below 8P"
     ),
     "duplicate-pool": "pool=/capacity= already given on line %d: use one line",
+    "unknown-verb/dw": (
+        'unknown #DW verb "%s": use jobdw, stage_in, stage_out, copy_in or copy_out (or a '
+        "#BB_LUA line)"
+    ),
+    "unknown-key/dw": 'unknown key "%s" on a #DW %s line: use %s',
+    "missing-value/type": "missing type=: add type=file or type=directory",
+    "tree-mismatch/file": 'type=file but "%s" is a directory: drop the / or write type=directory',
+    "dw-unsupported/persistent": (
+        "#DW %s: persistent burst buffers do not exist with bbstage: stage the data from the "
+        "shared file system in each job (#DW stage_in, #DW copy_in or #BB_LUA stage_in)"
+    ),
+    "dw-unsupported/swap": "#DW %s: bbstage gives no swap space: remove the line",
+    "dw-unsupported/container": (
+        "#DW %s: bbstage runs no containers on storage nodes: remove the line"
+    ),
+    "dw-unsupported/list": (
+        "type=list would read the list file at submission, which bbstage does not do: write "
+        "one #DW %s line per file (type=file), or stage their directory (type=directory)"
+    ),
+    "dw-unsupported/cache": (
+        "type=cache (DataWarp cache mode) is not available: use type=scratch and stage the "
+        "files with #DW stage_in and stage_out"
+    ),
+    "dw-unsupported/raw": (
+        "type=raw is a block device and bbstage gives a directory: use type=xfs"
+    ),
+    "dw-unsupported/profile": (
+        "profile= on a #DW line names an NNF profile, which bbstage has not: remove it"
+    ),
+    "dw-unsupported/requires": "requires= (NNF daemons) is not available: remove it",
+    "capacity-without-pool/dw": (
+        "capacity= needs pool= (Slurm's burst_buffer/lua rejects the job without it): add "
+        "pool=NAME to the #DW jobdw line"
+    ),
+    "bad-size/dw": (
+        'bad capacity "%s": use a whole number with an optional unit K, M, G, T, P or KiB ... '
+        "PiB (powers of 1024), or KB ... PB (powers of 1000), above 0 and below 8 PiB"
+    ),
+    "bad-option-value/name": (
+        'name="%s" is not a valid jobdw name: use 1-64 characters A-Z a-z 0-9 _ -'
+    ),
+    "duplicate-pool/jobdw": (
+        "a job has one scratch space and line %d already asks for it: use one #DW jobdw "
+        "(or one pool= line)"
+    ),
+    "late-directive": (
+        "%s line after the first command (line %d) is ignored by Slurm: move it above line %d"
+    ),
+    "late-directive/indented": (
+        "indented %s line is a command for Slurm and ends the script header: remove the indentation"
+    ),
     "internal-error": "%s",
 }
 
 _CTRL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _SBATCH_BB = re.compile(r"#SBATCH[ \t]+--bb")
+# a staging line anywhere in the body (after the header), indented or not
+_LATE = re.compile(
+    r"^([ \t]*)(#BB_LUA(?=[ \t\n]|$)|#DW(?=[ \t\n]|$)|#SBATCH[ \t]+--bb(?=[= \t\n]|$))", re.M
+)
+_VAR = re.compile(r"\$([A-Za-z0-9_]+)(?=/|$)")
+_DW_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_DW_SIZE = re.compile(r"([0-9]+)([A-Za-z]*)")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]*[a-z0-9]")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-_SIZE = re.compile(r"([0-9]+)([KMGTPkmgtp]?)")
 _GLOB = re.compile(r"[*?\[]")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a byte that is not UTF-8 (surrogateescape)
 _WS = " \t"
@@ -200,25 +284,35 @@ def _strip(s: str) -> str:
     return s.strip(_WS)
 
 
-def _sbatch_content(raw: str) -> tuple[str, str | None]:
-    """Spec of an ``#SBATCH --bb`` line and its content after ``#BB_LUA`` (None if absent)."""
+def _prefix(spec: str) -> str | None:
+    """``#BB_LUA`` or ``#DW`` if ``spec`` starts with it and a space, a tab or its end."""
+    for prefix in ("#BB_LUA", "#DW"):
+        if spec.startswith(prefix) and (len(spec) == len(prefix) or spec[len(prefix)] in _WS):
+            return prefix
+    return None
+
+
+def _sbatch_content(raw: str) -> tuple[str, str | None, str | None]:
+    """Spec of an ``#SBATCH --bb`` line, its prefix (#BB_LUA or #DW) and content (or None)."""
     m = _SBATCH_BB.match(raw)
     assert m is not None
     rest = raw[m.end() :]
     spec = _strip(rest[1:] if rest.startswith("=") else rest)
     if len(spec) > 1 and spec[0] == '"' and spec[-1] == '"':
         spec = spec[1:-1]
-    if spec.startswith("#BB_LUA") and (len(spec) == 7 or spec[7] in _WS):
-        return spec, _strip(spec[7:])
-    return spec, None
+    prefix = _prefix(spec)
+    if prefix:
+        return spec, prefix, _strip(spec[len(prefix) :])
+    return spec, None, None
 
 
-def _header(text: str) -> list[tuple[int, str | None, bool]]:
-    """Directive lines of the header as (line number, raw line, is_sbatch).
+def _header(text: str) -> tuple[list[tuple[int, str | None, str]], int, int]:
+    """Directive lines of the header as (line number, raw line, kind: bb, dw or sbatch), and
+    the number and offset of the first command's line (0, -1: none, or the header is too long).
 
-    A last entry (n, None, False) means the header reached line MAX_HEADER_LINES + 1.
+    A last entry (n, None, "") means the header reached line MAX_HEADER_LINES + 1.
     """
-    out: list[tuple[int, str | None, bool]] = []
+    out: list[tuple[int, str | None, str]] = []
     pos, n, end = 0, 0, len(text)
     while pos < end:
         n += 1
@@ -226,21 +320,42 @@ def _header(text: str) -> list[tuple[int, str | None, bool]]:
         if e < 0:
             e = end
         if text[pos] != "#" and e != pos:
-            break
+            return out, n, pos
         if n > MAX_HEADER_LINES:
-            out.append((n, None, False))
+            out.append((n, None, ""))
             break
         if text[pos] != "#":
             pass
-        elif text.startswith("#BB_LUA", pos):
-            if e == pos + 7 or text[pos + 7] in _WS:
-                out.append((n, text[pos:e], False))
         elif text.startswith("#SBATCH", pos):
             raw = text[pos:e]
             m = _SBATCH_BB.match(raw)
             if m and (m.end() == len(raw) or raw[m.end()] in "= \t"):
-                out.append((n, raw, True))
+                out.append((n, raw, "sbatch"))
+        else:
+            prefix = _prefix(text[pos : min(e, pos + 8)])
+            if prefix:
+                out.append((n, text[pos:e], "bb" if prefix == "#BB_LUA" else "dw"))
         pos = e + 1
+    return out, 0, -1
+
+
+def _late(text: str, first: int, pos: int) -> list[dict[str, Any]]:
+    """Staging lines at or after the first command (line ``first``, offset ``pos``)."""
+    out: list[dict[str, Any]] = []
+    if pos < 0:
+        return out
+    line, at = first, pos
+    for m in _LATE.finditer(text, pos):
+        line += text.count("\n", at, m.start())
+        at = m.start()
+        what = "#SBATCH --bb" if m.group(2).startswith("#S") else m.group(2)
+        ctx = f"line {line}: "
+        if line == first and m.group(1):
+            out.append(_error(line, ctx, "late-directive/indented", what))
+        else:
+            out.append(_error(line, ctx, "late-directive", what, first, first))
+        if len(out) >= MAX_ERRORS:
+            break
     return out
 
 
@@ -315,12 +430,31 @@ def _unclosed_bracket(path: str) -> bool:
     return False
 
 
-def _location(v: str, role: str, verb: str) -> tuple[str, bool, bool]:
-    """Validate one location; return (kind, tree, glob)."""
+@dataclass
+class _State:
+    directives: list[Directive] = field(default_factory=list)
+    pool: str | None = None
+    capacity: int | None = None
+    pool_line: int = 0
+    dests: dict[str, int] = field(default_factory=dict)
+    verb: str | None = None
+    dw: bool = False  # a #DW line or a $DW_JOB_ variable: the job gets the DW_JOB_ names
+    dw_vars: set[str] = field(default_factory=lambda: set(DW_SCRATCH_VARS))
+    dw_names: list[str] = field(default_factory=lambda: list(DW_SCRATCH_VARS))
+
+
+def _location(v: str, role: str, verb: str, st: _State) -> tuple[str, bool, bool, str]:
+    """Validate one location; return (kind, tree, glob, location). A #DW scratch variable
+    (``$DW_JOB_STRIPED/x``) comes back as ``$BB_SCRATCH/x``: it names the same directory."""
     kind, path = "posix", v
     if v[0] == "$":
-        if v != "$BB_SCRATCH" and not v.startswith("$BB_SCRATCH/"):
+        m = _VAR.match(v)
+        name = m.group(1) if m else ""
+        if name != "BB_SCRATCH" and name not in st.dw_vars:
             raise _Fail("unknown-variable", v, role)
+        if name != "BB_SCRATCH":
+            st.dw = True
+            v = "$BB_SCRATCH" + v[len(name) + 1 :]
         kind, path = "scratch", v[11:]
     elif v[0] != "/":
         if not _SCHEME.match(v):
@@ -353,26 +487,24 @@ def _location(v: str, role: str, verb: str) -> tuple[str, bool, bool]:
             raise _Fail("bad-glob/first", v)
         if _unclosed_bracket(path):
             raise _Fail("bad-glob/bracket", v)
-    return kind, tree, glob
+    return kind, tree, glob, v
 
 
-@dataclass
-class _State:
-    directives: list[Directive] = field(default_factory=list)
-    pool: str | None = None
-    capacity: int | None = None
-    pool_line: int = 0
-    dests: dict[str, int] = field(default_factory=dict)
-    verb: str | None = None
-
-
-def _stage(st: _State, n: int, verb: str, keys: list[str | None], vals: list[str]) -> None:
-    st.verb = verb
+def _stage_options(
+    written: str, keys: list[str | None], vals: list[str], dw: bool
+) -> dict[str, str]:
+    """The key=value tokens after the verb, checked against the keys the form takes."""
+    allowed = DW_STAGE_KEYS[written] if dw else STAGE_KEYS
     kv: dict[str, str] = {}
     for key, value in zip(keys[1:], vals[1:], strict=True):
         if key is None:
             raise _Fail("bad-token", value)
-        if key not in STAGE_KEYS:
+        if key not in allowed:
+            if dw:
+                if key == "profile" and written.startswith("copy"):
+                    raise _Fail("dw-unsupported/profile")
+                hint = "source=, destination=" + (" and type=" if "type" in allowed else "")
+                raise _Fail("unknown-key/dw", key, written, hint + " (other options: #BB_LUA)")
             if key in ("pool", "capacity"):
                 raise _Fail("unknown-key/pool")
             raise _Fail("unknown-key", key)
@@ -381,12 +513,35 @@ def _stage(st: _State, n: int, verb: str, keys: list[str | None], vals: list[str
         if value == "":
             raise _Fail("empty-value", key)
         kv[key] = value
+    return kv
+
+
+def _stage(
+    st: _State, n: int, written: str, keys: list[str | None], vals: list[str], dw: bool
+) -> None:
+    """A stage line: #BB_LUA stage_in/out, #DW stage_in/out (DataWarp), #DW copy_in/out (NNF)."""
+    st.verb = written
+    verb = DW_VERBS[written]
+    kv = _stage_options(written, keys, vals, dw)
     for role in ("source", "destination"):
         if role not in kv:
             raise _Fail("missing-value", role, role)
     src, dst = kv["source"], kv["destination"]
-    skind, stree, sglob = _location(src, "source", verb)
-    dkind, dtree, _ = _location(dst, "destination", verb)
+    kind = kv.get("type")
+    if dw and written.startswith("stage"):
+        if kind is None:
+            raise _Fail("missing-value/type")
+        if kind == "list":
+            raise _Fail("dw-unsupported/list", written)
+        if kind not in ("file", "directory"):
+            raise _Fail("bad-option-value", "type", kind, "file or directory")
+        if kind == "directory":  # a DataWarp directory is written without the final /
+            src = src if src.endswith("/") else src + "/"
+            dst = dst if dst.endswith("/") else dst + "/"
+    skind, stree, sglob, src = _location(src, "source", verb, st)
+    dkind, dtree, _, dst = _location(dst, "destination", verb, st)
+    if kind == "file" and (stree or dtree):
+        raise _Fail("tree-mismatch/file", src if stree else dst)
     if sglob:
         if not dtree:
             raise _Fail("bad-glob/dest", dst)
@@ -413,6 +568,70 @@ def _stage(st: _State, n: int, verb: str, keys: list[str | None], vals: list[str
     )
 
 
+def _size(cap: str, units: dict[str, int]) -> int | None:
+    """Bytes of ``digits[unit]`` (unit case-insensitive), or None if not a size we take."""
+    m = _DW_SIZE.fullmatch(cap)
+    if not m or m.group(2).upper() not in units:
+        return None
+    digits = m.group(1).lstrip("0")
+    if len(digits) > 17:  # larger numbers are over the limit anyway
+        return None
+    size = int(digits or "0") * units[m.group(2).upper()]
+    return size if 0 < size < MAX_CAPACITY else None
+
+
+def _jobdw(st: _State, n: int, keys: list[str | None], vals: list[str], quoted: list[bool]) -> None:
+    """``#DW jobdw``: the job's scratch space (DataWarp or NNF), as ``pool= capacity=``."""
+    st.verb = "jobdw"
+    kv: dict[str, str] = {}
+    for key, value, was_quoted in zip(keys[1:], vals[1:], quoted[1:], strict=True):
+        if key is None:
+            raise _Fail("bad-token", value)
+        if key in ("profile", "requires"):
+            raise _Fail("dw-unsupported/" + key)
+        if key == "pfs":  # DataWarp's cache mode: type=cache pfs=/path
+            raise _Fail("dw-unsupported/cache")
+        if key not in JOBDW_KEYS:
+            raise _Fail(
+                "unknown-key/dw", key, "jobdw", "capacity=, pool=, type=, access_mode=, name="
+            )
+        if key in kv:
+            raise _Fail("duplicate-key", key)
+        if was_quoted:
+            raise _Fail("bad-quote/pool", key)
+        if value == "":
+            raise _Fail("empty-value", key)
+        kv[key] = value
+    kind = kv.get("type", "scratch")
+    if kind in ("cache", "raw"):
+        raise _Fail("dw-unsupported/" + kind)
+    if kind not in JOBDW_TYPES:
+        raise _Fail("bad-option-value", "type", kind, "scratch, xfs, gfs2 or lustre")
+    mode = kv.get("access_mode", "striped")
+    if mode not in ACCESS_MODES:
+        raise _Fail("bad-option-value", "access_mode", mode, "striped or private")
+    name = kv.get("name")
+    if name is not None and not _DW_NAME.fullmatch(name):
+        raise _Fail("bad-option-value/name", name)
+    pool, cap, size = kv.get("pool"), kv.get("capacity"), None
+    if pool is not None and not _NAME.fullmatch(pool):
+        raise _Fail("bad-option-value/pool", pool)
+    if cap is not None:
+        if pool is None:
+            raise _Fail("capacity-without-pool/dw")
+        size = _size(cap, DW_UNITS)
+        if size is None:
+            raise _Fail("bad-size/dw", cap)
+    if st.pool_line:
+        raise _Fail("duplicate-pool/jobdw", st.pool_line)
+    st.pool_line, st.pool, st.capacity = n, pool, size
+    if name is not None:
+        var = "DW_JOB_" + name.replace("-", "_")
+        st.dw_vars.add(var)
+        if var not in st.dw_names:
+            st.dw_names.append(var)
+
+
 def _pool_line(
     st: _State, n: int, keys: list[str | None], vals: list[str], quoted: list[bool]
 ) -> None:
@@ -435,19 +654,33 @@ def _pool_line(
     if not _NAME.fullmatch(pool):
         raise _Fail("bad-option-value/pool", pool)
     if cap is not None:
-        m = _SIZE.fullmatch(cap)
-        if m:
-            digits = m.group(1).lstrip("0")
-            if len(digits) <= 17:  # larger numbers are over the limit anyway
-                size = int(digits or "0") * UNITS[m.group(2).upper()]
-        if size is None or size <= 0 or size >= MAX_CAPACITY:
+        size = _size(cap, UNITS)
+        if size is None:
             raise _Fail("bad-size", cap)
     if st.pool_line:
         raise _Fail("duplicate-pool", st.pool_line)
     st.pool_line, st.pool, st.capacity = n, pool, size
 
 
-def _line(st: _State, n: int, raw: str, sbatch: bool) -> None:
+def _dw_line(
+    st: _State, n: int, keys: list[str | None], vals: list[str], quoted: list[bool]
+) -> None:
+    """A ``#DW`` line (DataWarp or NNF): jobdw, a stage line, or a refusal saying why."""
+    st.dw = True
+    if keys[0] is not None:
+        raise _Fail("unknown-verb/dw", keys[0] + "=")
+    verb = vals[0]
+    if verb == "jobdw":
+        _jobdw(st, n, keys, vals, quoted)
+    elif verb in DW_VERBS:
+        _stage(st, n, verb, keys, vals, True)
+    elif verb in DW_REFUSED:
+        raise _Fail("dw-unsupported/" + DW_REFUSED[verb], verb)
+    else:
+        raise _Fail("unknown-verb/dw", verb)
+
+
+def _line(st: _State, n: int, raw: str, kind: str) -> None:
     size = _nbytes(raw)
     if size > MAX_LINE_BYTES:
         raise _Fail("line-too-long", size, MAX_LINE_BYTES)
@@ -456,9 +689,10 @@ def _line(st: _State, n: int, raw: str, sbatch: bool) -> None:
     m = _CTRL.search(raw)
     if m:
         raise _Fail("control-char", ord(m.group()))
-    content: str | None = raw[7:]
-    if sbatch:
-        spec, content = _sbatch_content(raw)
+    prefix: str | None = "#DW" if kind == "dw" else "#BB_LUA"
+    content: str | None = raw[len(prefix) :]
+    if kind == "sbatch":
+        spec, prefix, content = _sbatch_content(raw)
         if spec == "":
             raise _Fail("missing-value/sbatch")
         if content is None:
@@ -466,12 +700,16 @@ def _line(st: _State, n: int, raw: str, sbatch: bool) -> None:
     elif raw.endswith("\\"):
         raise _Fail("continuation")
     keys, vals, quoted = _tokenize(content)
+    if prefix == "#DW":
+        st.dw = True
     if not keys:
         return
-    if keys[0] is not None:
+    if prefix == "#DW":
+        _dw_line(st, n, keys, vals, quoted)
+    elif keys[0] is not None:
         _pool_line(st, n, keys, vals, quoted)
     elif vals[0] in VERBS:
-        _stage(st, n, vals[0], keys, vals)
+        _stage(st, n, vals[0], keys, vals, False)
     else:
         raise _Fail("unknown-verb", vals[0])
 
@@ -480,20 +718,23 @@ def parse(text: str) -> dict[str, Any]:
     """Parse the directive header of a batch script into the documented result; never raises."""
     st = _State()
     errors: list[dict[str, Any]] = []
+    warnings: list[dict[str, Any]] = []
     size = _nbytes(text) if len(text) > MAX_SCRIPT_BYTES // 4 else len(text)
     if size > MAX_SCRIPT_BYTES:
         errors.append(_error(0, "", "script-too-large", size, MAX_SCRIPT_BYTES))
     else:
-        lines = _header(text)
-        seen = {
-            _strip(raw[7:])
-            for _, raw, sb in lines
-            if raw is not None and not sb and _nbytes(raw) <= MAX_LINE_BYTES
+        lines, first, pos = _header(text)
+        seen = {  # "#BB_LUA content" and "#DW content" of the header's lines
+            ("#DW " + _strip(raw[3:]) if kind == "dw" else "#BB_LUA " + _strip(raw[7:]))
+            for _, raw, kind in lines
+            if raw is not None and kind != "sbatch" and _nbytes(raw) <= MAX_LINE_BYTES
         }
         count = 0
-        for n, raw, sbatch in lines:
-            if sbatch and _sbatch_content(raw)[1] in seen:
-                continue  # the copy Slurm inserted as a #BB_LUA line is already counted
+        for n, raw, kind in lines:
+            if kind == "sbatch":
+                _, prefix, content = _sbatch_content(raw)
+                if prefix and f"{prefix} {content}" in seen:
+                    continue  # the copy Slurm inserted as a line of its own is already counted
             ctx = f"line {n}: "
             if raw is None:
                 errors.append(_error(n, ctx, "header-too-long", MAX_HEADER_LINES))
@@ -504,15 +745,18 @@ def parse(text: str) -> dict[str, Any]:
                 break
             st.verb = None
             try:
-                _line(st, n, raw, sbatch)
+                _line(st, n, raw, kind)
             except _Fail as e:
                 verb = f"{st.verb}: " if st.verb else ""
                 errors.append(_error(n, ctx + verb, e.key, *e.args_))
                 if len(errors) >= MAX_ERRORS:
                     break
+        warnings = _late(text, first, pos)
     return {
         "directives": [d.to_dict() for d in st.directives],
         "pool": st.pool,
         "capacity": st.capacity,
+        "scratch_names": st.dw_names if st.dw else [],
         "errors": errors,
+        "warnings": warnings,
     }

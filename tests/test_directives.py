@@ -72,12 +72,21 @@ def _check_case(case: dict[str, Any], result: dict[str, Any]) -> None:
             assert e["message"].startswith(prefix)
     else:
         assert result["errors"] == []
-        assert {k: result[k] for k in ("directives", "pool", "capacity")} == case["expect"]
+        expect = {"scratch_names": [], **case["expect"]}
+        assert {k: result[k] for k in expect} == expect
+    # a staging line after the first command: a warning, in both parsers (the job is accepted)
+    warnings = [{"line": w["line"], "code": w["code"]} for w in result["warnings"]]
+    assert warnings == case.get("warnings", [])
+    for w in result["warnings"]:
+        assert w["message"].startswith(f"line {w['line']}: ")
 
 
 def _load(path: Path) -> dict[str, Any]:
     case = json.loads(path.read_text(encoding="utf-8"))
-    assert set(case) in ({"description", "script", "expect"}, {"description", "script", "errors"})
+    assert set(case) - {"warnings"} in (
+        {"description", "script", "expect"},
+        {"description", "script", "errors"},
+    )
     # a byte that is not UTF-8 is written as its surrogate escape, \udcXX (docs/protocol.md):
     # the script must be the canonical text of its bytes, as the daemon would decode them
     script = case["script"]
@@ -98,11 +107,14 @@ def test_corpus_size_and_codes() -> None:
         "bad-size", "capacity-without-pool", "bad-option-value", "bad-glob", "tree-mismatch",
         "bad-bucket", "control-char", "bad-quote", "bad-escape", "bad-token", "crlf",
         "continuation", "unknown-variable", "profile-without-s3", "capacity-in-value",
-        "duplicate-pool", "bad-bb-option", "non-utf8",
+        "duplicate-pool", "bad-bb-option", "non-utf8", "dw-unsupported",
     }  # fmt: skip
     assert all_codes - codes == set()
     for code in all_codes | generated:
         assert f"`{code}`" in documented, code
+    warned = {w["code"] for p in CORPUS for w in _load(p).get("warnings", [])}
+    assert warned == {"late-directive"}
+    assert "`late-directive`" in documented
 
 
 def test_message_templates_identical() -> None:
@@ -222,6 +234,10 @@ PIECES = [
     "]", "[a-z]", "%j", "%u", "%%", "é", "漢字", "\x00", "\x07", "\r", "\t", " ", "  ", "\n",
     "#", "#BB_LUA ", "#SBATCH --bb=", '"#BB_LUA ', "#SBATCH ", "x", "/data/in", "/fast/out/",
     "\udce9", "\udcc3", "\udca9", "\udced\udca0\udc80", "\udcff", "s3://bkt/r\udce9s",
+    "#DW ", "#DW", "jobdw", "copy_in", "copy_out", "type=", "file", "directory", "list", "name=",
+    "access_mode=", "striped", "pfs=", "xfs", "raw", "10GB", "1TiB", "2N", "$DW_JOB_STRIPED",
+    "$DW_JOB_PRIVATE/", "$DW_JOB_a_b", "a-b", "persistentdw", "swap", "\n./app\n", "\n  #DW ",
+    '#SBATCH --bb="#DW ',
 ]  # fmt: skip  # \udcXX: the byte XX, not UTF-8 (surrogateescape, as the daemon decodes)
 
 _text = st.text(
@@ -249,7 +265,7 @@ def mutated_scripts(draw: st.DrawFn) -> str:
 def generated_scripts(draw: st.DrawFn) -> str:
     lines = [draw(st.sampled_from(["#!/bin/bash", "#!/bin/sh", "#SBATCH -N 1", ""]))]
     for _ in range(draw(st.integers(0, 6))):
-        prefix = draw(st.sampled_from(["#BB_LUA ", "#BB_LUA\t", "#SBATCH --bb=", "#", ""]))
+        prefix = draw(st.sampled_from(["#BB_LUA ", "#BB_LUA\t", "#SBATCH --bb=", "#", "", "#DW "]))
         tokens = draw(st.lists(_piece, max_size=8))
         lines.append(prefix + draw(st.sampled_from([" ", ""])).join(tokens))
     return "\n".join(lines) + draw(st.sampled_from(["", "\n", "\n./app\n"]))

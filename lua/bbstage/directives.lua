@@ -1,4 +1,4 @@
--- #BB_LUA directive parser for slurm_bb_job_process (grammar: docs/directives.md).
+-- #BB_LUA and #DW (DataWarp, NNF) directive parser for slurm_bb_job_process (grammar: docs/directives.md).
 -- Mirrors bbstage/directives.py check for check; tests/corpus keeps the two in step.
 -- Lua 5.1 to 5.4, string functions only, linear time, stops at the end of the script header.
 -- slurmctld compiles this on every submission: keep it short (messages live in one string).
@@ -7,7 +7,7 @@ local find, sub, byte, match, upper, format = string.find, string.sub, string.by
 	string.upper, string.format
 local gsub, unpack, error, pcall, type, tonumber = string.gsub, table.unpack or unpack, error, pcall, type,
 	tonumber
-local ipairs, select, tostring = ipairs, select, tostring
+local ipairs, pairs, select, tostring = ipairs, pairs, select, tostring
 
 M.MAX_SCRIPT_BYTES, M.MAX_LINE_BYTES, M.MAX_DIRECTIVES, M.MAX_ERRORS = 4194304, 4096, 256, 20
 M.MAX_HEADER_LINES = 65536
@@ -16,6 +16,19 @@ local UNITS = { [""] = 1, K = 2 ^ 10, M = 2 ^ 20, G = 2 ^ 30, T = 2 ^ 40, P = 2 
 local STAGE_KEYS = { source = 1, destination = 1, checksum = 1, overwrite = 1, profile = 1 }
 local VALUES = { checksum = { none = 1, xxh3 = 1, blake2b = 1 }, overwrite = { always = 1, never = 1, newer = 1 } }
 local HINTS = { checksum = "none, xxh3 or blake2b", overwrite = "always, never or newer" }
+-- #DW: verbs that stage (NNF's copy_in is DataWarp's stage_in), their keys, refused verbs,
+-- jobdw's keys and values; capacity units as Slurm's suffix_mult ("GB" 10^9, "G" "GiB" 2^30)
+local DW_VERBS = { stage_in = "stage_in", stage_out = "stage_out", copy_in = "stage_in", copy_out = "stage_out" }
+local DW_STAGE_KEYS = { stage_in = { source = 1, destination = 1, type = 1 }, copy_in = { source = 1, destination = 1 } }
+DW_STAGE_KEYS.stage_out, DW_STAGE_KEYS.copy_out = DW_STAGE_KEYS.stage_in, DW_STAGE_KEYS.copy_in
+local DW_REFUSED = { persistentdw = "persistent", create_persistent = "persistent", destroy_persistent = "persistent",
+	swap = "swap", container = "container" }
+local JOBDW_KEYS = { capacity = 1, pool = 1, type = 1, access_mode = 1, name = 1 }
+local JOBDW_TYPES = { scratch = 1, xfs = 1, gfs2 = 1, lustre = 1 }
+local ACCESS_MODES = { striped = 1, private = 1, ["striped,private"] = 1, ["private,striped"] = 1 }
+local DW_UNITS = {}
+for u, v in pairs(UNITS) do DW_UNITS[u] = v end
+for e, u in ipairs({ "K", "M", "G", "T", "P" }) do DW_UNITS[u .. "IB"], DW_UNITS[u .. "B"] = 2 ^ (10 * e), 10 ^ (3 * e) end
 -- "key<TAB>template": the code is the key up to "/"; identical to MESSAGES in directives.py.
 local MSGS = [[
 
@@ -27,7 +40,7 @@ crlf	line ends with a carriage return (DOS line ending): convert the script with
 control-char	control character 0x%02x in directive: remove it
 continuation	line ends with "\": continuation lines are not supported: put the whole directive on one line
 missing-value/sbatch	#SBATCH --bb has no value: write #SBATCH --bb="#BB_LUA ..."
-bad-bb-option	#SBATCH --bb value must start with #BB_LUA (Slurm inserts it into the script as a line): write #SBATCH --bb="#BB_LUA ..."
+bad-bb-option	#SBATCH --bb value must start with #BB_LUA or #DW (Slurm inserts it into the script as a line): write #SBATCH --bb="#BB_LUA ..."
 bad-token/key	"=" without a key: write key=value
 unterminated-quote	unterminated quote in value of "%s": add the closing "
 bad-escape	bad escape in quoted value of "%s": only \" and \\ are allowed inside quotes
@@ -41,7 +54,7 @@ unknown-key/verbless	unknown key "%s" on a line without a verb: start the line w
 duplicate-key	"%s" given twice: keep one
 empty-value	empty value for "%s": give a value
 missing-value	missing %s=: add %s=<location>
-unknown-variable	"%s" in %s: only a leading $BB_SCRATCH is expanded (use %%u for the user name, %%j for the job id)
+unknown-variable	"%s" in %s: only a leading $BB_SCRATCH, $DW_JOB_STRIPED, $DW_JOB_PRIVATE or $DW_JOB_<name of a #DW jobdw above> is expanded (use %%u for the user name, %%j for the job id)
 bad-scheme	unsupported scheme in %s "%s": use an absolute path, $BB_SCRATCH/..., or s3://bucket/key
 bad-bucket/key	%s "%s" has no key part: write s3://bucket/ for a whole bucket or s3://bucket/key
 bad-bucket	bad S3 bucket in %s "%s": bucket names have 3-63 characters a-z 0-9 . - and start and end with a letter or digit
@@ -64,6 +77,24 @@ bad-quote/pool	value of "%s" must not be quoted (Slurm reads pool= and capacity=
 capacity-without-pool	capacity= needs pool=: write pool=NAME capacity=SIZE
 bad-size	bad capacity "%s": use a whole number of bytes with an optional K, M, G, T or P suffix (binary units), above 0 and below 8P
 duplicate-pool	pool=/capacity= already given on line %d: use one line
+unknown-verb/dw	unknown #DW verb "%s": use jobdw, stage_in, stage_out, copy_in or copy_out (or a #BB_LUA line)
+unknown-key/dw	unknown key "%s" on a #DW %s line: use %s
+missing-value/type	missing type=: add type=file or type=directory
+tree-mismatch/file	type=file but "%s" is a directory: drop the / or write type=directory
+dw-unsupported/persistent	#DW %s: persistent burst buffers do not exist with bbstage: stage the data from the shared file system in each job (#DW stage_in, #DW copy_in or #BB_LUA stage_in)
+dw-unsupported/swap	#DW %s: bbstage gives no swap space: remove the line
+dw-unsupported/container	#DW %s: bbstage runs no containers on storage nodes: remove the line
+dw-unsupported/list	type=list would read the list file at submission, which bbstage does not do: write one #DW %s line per file (type=file), or stage their directory (type=directory)
+dw-unsupported/cache	type=cache (DataWarp cache mode) is not available: use type=scratch and stage the files with #DW stage_in and stage_out
+dw-unsupported/raw	type=raw is a block device and bbstage gives a directory: use type=xfs
+dw-unsupported/profile	profile= on a #DW line names an NNF profile, which bbstage has not: remove it
+dw-unsupported/requires	requires= (NNF daemons) is not available: remove it
+capacity-without-pool/dw	capacity= needs pool= (Slurm's burst_buffer/lua rejects the job without it): add pool=NAME to the #DW jobdw line
+bad-size/dw	bad capacity "%s": use a whole number with an optional unit K, M, G, T, P or KiB ... PiB (powers of 1024), or KB ... PB (powers of 1000), above 0 and below 8 PiB
+bad-option-value/name	name="%s" is not a valid jobdw name: use 1-64 characters A-Z a-z 0-9 _ -
+duplicate-pool/jobdw	a job has one scratch space and line %d already asks for it: use one #DW jobdw (or one pool= line)
+late-directive	%s line after the first command (line %d) is ignored by Slurm: move it above line %d
+late-directive/indented	indented %s line is a command for Slurm and ends the script header: remove the indentation
 internal-error	%s
 ]]
 
@@ -84,43 +115,76 @@ end
 
 local function is_name(s) return #s <= 64 and find(s, "^[A-Za-z0-9_%.%-]+$") end
 
-local function sbatch_content(raw) -- spec of "#SBATCH --bb", then its content after #BB_LUA (or nil)
+-- "#BB_LUA" or "#DW" if s has it at i and then a space, a tab, a newline or its end.
+local function prefix(s, i)
+	local p = sub(s, i, i + 2) == "#DW" and "#DW" or sub(s, i, i + 6) == "#BB_LUA" and "#BB_LUA"
+	local c = p and byte(s, i + #p)
+	if p and (not c or c == 32 or c == 9 or c == 10) then return p end
+end
+
+-- Spec of "#SBATCH --bb", then its prefix (#BB_LUA or #DW) and content (or nil, nil).
+local function sbatch_content(raw)
 	local _, e = find(raw, "^#SBATCH[ \t]+%-%-bb=?")
 	local spec = strip(sub(raw, e + 1))
 	if #spec > 1 and byte(spec) == 34 and byte(spec, -1) == 34 then spec = sub(spec, 2, -2) end
-	local c = byte(spec, 8)
-	if sub(spec, 1, 7) == "#BB_LUA" and (not c or c == 32 or c == 9) then return spec, strip(sub(spec, 8)) end
+	local p = prefix(spec, 1)
+	if p then return spec, p, strip(sub(spec, #p + 1)) end
 	return spec
 end
 
--- Directive lines of the header ({n, raw, is_sbatch}) and the set of #BB_LUA contents.
+-- "#SBATCH --bb" (then =, a space, a tab, a newline or the end) at s[i]?
+local function sbatch_at(s, i)
+	local _, e = find(s, "^#SBATCH[ \t]+%-%-bb", i)
+	local c = e and byte(s, e + 1)
+	return e and (not c or c == 61 or c == 32 or c == 9 or c == 10)
+end
+
+-- Directive lines of the header ({n, raw, kind}: bb, dw or sbatch), the set of their
+-- "prefix content", and the first command's line number and offset (nil if none).
 local function header(text)
 	local out, seen, pos, n, len = {}, {}, 1, 0, #text
 	while pos <= len do
 		n = n + 1
 		local e = find(text, "\n", pos, true) or len + 1
 		local c = byte(text, pos)
-		if c ~= 35 and e ~= pos then break end
+		if c ~= 35 and e ~= pos then return out, seen, n, pos end
 		if n > MAX_HEADER then out[#out + 1] = { n }; break end
 		if c == 35 then
-			c = byte(text, pos + 1)
-			if c == 66 and sub(text, pos, pos + 6) == "#BB_LUA" then
-				c = byte(text, pos + 7)
-				if e == pos + 7 or c == 32 or c == 9 then
-					local raw = sub(text, pos, e - 1)
-					out[#out + 1] = { n, raw, false }
-					if e - pos <= MAX_LINE then seen[strip(sub(raw, 8))] = true end
-				end
-			elseif c == 83 and sub(text, pos, pos + 6) == "#SBATCH" then
+			local p = prefix(text, pos)
+			if p then
 				local raw = sub(text, pos, e - 1)
-				local _, me = find(raw, "^#SBATCH[ \t]+%-%-bb")
-				c = me and byte(raw, me + 1)
-				if me and (not c or c == 61 or c == 32 or c == 9) then out[#out + 1] = { n, raw, true } end
+				out[#out + 1] = { n, raw, p == "#DW" and "dw" or "bb" }
+				if e - pos <= MAX_LINE then seen[p .. " " .. strip(sub(raw, #p + 1))] = true end
+			elseif sbatch_at(text, pos) then
+				out[#out + 1] = { n, sub(text, pos, e - 1), "sbatch" }
 			end
 		end
 		pos = e + 1
 	end
 	return out, seen
+end
+
+-- Staging lines at or after the first command (line first, offset pos), as warnings.
+local function late(text, first, pos)
+	local out, line, at, ls = {}, first, pos, pos
+	if not find(text, "^[ \t]*#[BDS]", pos) then ls = find(text, "\n[ \t]*#[BDS]", pos); ls = ls and ls + 1 end
+	while ls do
+		local _, h = find(text, "^[ \t]*#", ls)
+		local p = prefix(text, h) or sbatch_at(text, h) and "#SBATCH --bb"
+		if p then
+			line = line + select(2, gsub(sub(text, at, ls - 1), "\n", ""))
+			at = ls
+			if line == first and h > ls then
+				out[#out + 1] = err(line, "line " .. line .. ": ", "late-directive/indented", p)
+			else
+				out[#out + 1] = err(line, "line " .. line .. ": ", "late-directive", p, first, first)
+			end
+			if #out >= M.MAX_ERRORS then break end
+		end
+		ls = find(text, "\n[ \t]*#[BDS]", ls)
+		ls = ls and ls + 1
+	end
+	return out
 end
 
 -- Split content into parallel arrays keys (false for a bare word), values, quoted.
@@ -203,11 +267,15 @@ local function unclosed_bracket(path)
 	end
 end
 
-local function location(v, role, verb) -- kind, tree, glob
+local function location(v, role, verb, st) -- kind, tree, glob, location ($DW_JOB_x/... as $BB_SCRATCH/...)
 	local kind, path, c = "posix", v, byte(v)
 	if c == 36 then
-		if v ~= "$BB_SCRATCH" and sub(v, 1, 12) ~= "$BB_SCRATCH/" then fail("unknown-variable", v, role) end
-		kind, path = "scratch", sub(v, 12)
+		local name, rest = match(v, "^%$([A-Za-z0-9_]+)(.*)$")
+		if not name or (rest ~= "" and byte(rest) ~= 47) or (name ~= "BB_SCRATCH" and not st.dw_vars[name]) then
+			fail("unknown-variable", v, role)
+		end
+		if name ~= "BB_SCRATCH" then st.dw, v = true, "$BB_SCRATCH" .. rest end
+		kind, path = "scratch", rest
 	elseif c ~= 47 then
 		if not find(v, "^[A-Za-z][A-Za-z0-9+%.%-]*://") then fail("relative-path", v, role) end
 		if sub(v, 1, 5) ~= "s3://" then fail("bad-scheme", role, v) end
@@ -229,16 +297,21 @@ local function location(v, role, verb) -- kind, tree, glob
 		if kind == "posix" and find(match(path, "^/([^/]*)"), "[%*%?%[]") then fail("bad-glob/first", v) end
 		if unclosed_bracket(path) then fail("bad-glob/bracket", v) end
 	end
-	return kind, tree, glob
+	return kind, tree, glob, v
 end
 
-local function stage(st, n, verb, keys, vals)
-	local kv = {}
-	st.verb = verb
+-- The key=value tokens after the verb, checked against the keys the form takes.
+local function stage_options(written, keys, vals, dw)
+	local allowed, kv = dw and DW_STAGE_KEYS[written] or STAGE_KEYS, {}
 	for i = 2, #keys do
 		local key, value = keys[i], vals[i]
 		if not key then fail("bad-token", value) end
-		if not STAGE_KEYS[key] then
+		if not allowed[key] then
+			if dw then
+				if key == "profile" and sub(written, 1, 4) == "copy" then fail("dw-unsupported/profile") end
+				local hint = "source=, destination=" .. (allowed.type and " and type=" or "")
+				fail("unknown-key/dw", key, written, hint .. " (other options: #BB_LUA)")
+			end
 			if key == "pool" or key == "capacity" then fail("unknown-key/pool") end
 			fail("unknown-key", key)
 		end
@@ -246,11 +319,30 @@ local function stage(st, n, verb, keys, vals)
 		if value == "" then fail("empty-value", key) end
 		kv[key] = value
 	end
+	return kv
+end
+
+-- A stage line: #BB_LUA stage_in/out, #DW stage_in/out (DataWarp), #DW copy_in/out (NNF).
+local function stage(st, n, written, keys, vals, dw)
+	st.verb = written
+	local verb, kv = DW_VERBS[written], stage_options(written, keys, vals, dw)
 	local src, dst = kv.source, kv.destination
 	if not src then fail("missing-value", "source", "source") end
 	if not dst then fail("missing-value", "destination", "destination") end
-	local skind, stree, sglob = location(src, "source", verb)
-	local dkind, dtree = location(dst, "destination", verb)
+	local kind = kv.type
+	if dw and sub(written, 1, 5) == "stage" then
+		if not kind then fail("missing-value/type") end
+		if kind == "list" then fail("dw-unsupported/list", written) end
+		if kind ~= "file" and kind ~= "directory" then fail("bad-option-value", "type", kind, "file or directory") end
+		if kind == "directory" then -- a DataWarp directory is written without the final /
+			if byte(src, -1) ~= 47 then src = src .. "/" end
+			if byte(dst, -1) ~= 47 then dst = dst .. "/" end
+		end
+	end
+	local skind, stree, sglob, dkind, dtree, _
+	skind, stree, sglob, src = location(src, "source", verb, st)
+	dkind, dtree, _, dst = location(dst, "destination", verb, st)
+	if kind == "file" and (stree or dtree) then fail("tree-mismatch/file", stree and src or dst) end
 	if sglob then
 		if not dtree then fail("bad-glob/dest", dst) end
 	elseif stree ~= dtree then
@@ -277,6 +369,51 @@ local function stage(st, n, verb, keys, vals)
 		destination_kind = dkind, tree = stree, glob = sglob, options = options }
 end
 
+-- Bytes of "digits[unit]" (unit case-insensitive), or nil if not a size we take.
+local function size_of(cap, units)
+	local d, u = match(cap, "^([0-9]+)([A-Za-z]*)$")
+	local size = d and units[upper(u)] and tonumber(d) * units[upper(u)]
+	if size and size > 0 and size < 2 ^ 53 then return size end
+end
+
+-- #DW jobdw: the job's scratch space (DataWarp or NNF), as pool= capacity=.
+local function jobdw(st, n, keys, vals, quoted)
+	st.verb = "jobdw"
+	local kv = {}
+	for i = 2, #keys do
+		local key, value = keys[i], vals[i]
+		if not key then fail("bad-token", value) end
+		if key == "profile" or key == "requires" then fail("dw-unsupported/" .. key) end
+		if key == "pfs" then fail("dw-unsupported/cache") end -- DataWarp's cache mode: type=cache pfs=/path
+		if not JOBDW_KEYS[key] then fail("unknown-key/dw", key, "jobdw", "capacity=, pool=, type=, access_mode=, name=") end
+		if kv[key] then fail("duplicate-key", key) end
+		if quoted[i] then fail("bad-quote/pool", key) end
+		if value == "" then fail("empty-value", key) end
+		kv[key] = value
+	end
+	local kind, mode, name = kv.type or "scratch", kv.access_mode or "striped", kv.name
+	if kind == "cache" or kind == "raw" then fail("dw-unsupported/" .. kind) end
+	if not JOBDW_TYPES[kind] then fail("bad-option-value", "type", kind, "scratch, xfs, gfs2 or lustre") end
+	if not ACCESS_MODES[mode] then fail("bad-option-value", "access_mode", mode, "striped or private") end
+	if name and (#name > 64 or not find(name, "^[A-Za-z0-9_%-]+$")) then fail("bad-option-value/name", name) end
+	local pool, cap, size = kv.pool, kv.capacity
+	if pool and not is_name(pool) then fail("bad-option-value/pool", pool) end
+	if cap then
+		if not pool then fail("capacity-without-pool/dw") end
+		size = size_of(cap, DW_UNITS)
+		if not size then fail("bad-size/dw", cap) end
+	end
+	if st.pool_line then fail("duplicate-pool/jobdw", st.pool_line) end
+	st.pool_line, st.pool, st.capacity = n, pool, size
+	if name then
+		local var = "DW_JOB_" .. gsub(name, "%-", "_")
+		if not st.dw_vars[var] then
+			st.dw_vars[var] = true
+			st.dw_names[#st.dw_names + 1] = var
+		end
+	end
+end
+
 local function pool_line(st, n, keys, vals, quoted)
 	local kv = {}
 	for i = 1, #keys do
@@ -292,49 +429,69 @@ local function pool_line(st, n, keys, vals, quoted)
 	if not pool then fail("capacity-without-pool") end
 	if not is_name(pool) then fail("bad-option-value/pool", pool) end
 	if cap then
-		local d, u = match(cap, "^([0-9]+)([KMGTPkmgtp]?)$")
-		size = d and tonumber(d) * UNITS[upper(u)]
-		if not size or size <= 0 or size >= 2 ^ 53 then fail("bad-size", cap) end
+		size = size_of(cap, UNITS)
+		if not size then fail("bad-size", cap) end
 	end
 	if st.pool_line then fail("duplicate-pool", st.pool_line) end
 	st.pool_line, st.pool, st.capacity = n, pool, size
 end
 
-local function line(st, n, raw, sbatch)
+-- A #DW line (DataWarp or NNF): jobdw, a stage line, or a refusal saying why.
+local function dw_line(st, n, keys, vals, quoted)
+	if keys[1] then fail("unknown-verb/dw", keys[1] .. "=") end
+	local verb = vals[1]
+	if verb == "jobdw" then return jobdw(st, n, keys, vals, quoted) end
+	if DW_VERBS[verb] then return stage(st, n, verb, keys, vals, true) end
+	if DW_REFUSED[verb] then fail("dw-unsupported/" .. DW_REFUSED[verb], verb) end
+	fail("unknown-verb/dw", verb)
+end
+
+local function line(st, n, raw, kind)
 	if #raw > MAX_LINE then fail("line-too-long", #raw, MAX_LINE) end
 	if byte(raw, -1) == 13 then fail("crlf") end
 	local i = find(raw, "[^\t -~\128-\255]")
 	if i then fail("control-char", byte(raw, i)) end
-	local content = sub(raw, 8)
-	if sbatch then
+	local p = kind == "dw" and "#DW" or "#BB_LUA"
+	local content = sub(raw, #p + 1)
+	if kind == "sbatch" then
 		local spec
-		spec, content = sbatch_content(raw)
+		spec, p, content = sbatch_content(raw)
 		if spec == "" then fail("missing-value/sbatch") end
 		if not content then fail("bad-bb-option") end
 	elseif byte(raw, -1) == 92 then
 		fail("continuation")
 	end
 	local keys, vals, quoted = tokenize(content)
+	if p == "#DW" then st.dw = true end
 	if #keys == 0 then return end
+	if p == "#DW" then return dw_line(st, n, keys, vals, quoted) end
 	if keys[1] then return pool_line(st, n, keys, vals, quoted) end
 	if vals[1] == "stage_in" or vals[1] == "stage_out" then return stage(st, n, vals[1], keys, vals) end
 	fail("unknown-verb", vals[1])
 end
 
--- parse(text) -> { directives = {...}, pool = name|nil, capacity = bytes|nil, errors = {...} }
+-- parse(text) -> { directives = {...}, pool = name|nil, capacity = bytes|nil,
+--   scratch_names = {...}, errors = {...}, warnings = {...} }
 function M.parse(text)
-	local st, errors = { directives = {}, dests = {} }, {}
-	local res = { directives = st.directives, errors = errors }
+	local st = { directives = {}, dests = {}, dw_vars = { DW_JOB_STRIPED = true, DW_JOB_PRIVATE = true },
+		dw_names = { "DW_JOB_STRIPED", "DW_JOB_PRIVATE" } }
+	local errors, warnings = {}, {}
+	local res = { directives = st.directives, errors = errors, warnings = warnings, scratch_names = {} }
 	if type(text) ~= "string" then text = "" end
 	if #text > M.MAX_SCRIPT_BYTES then
 		errors[1] = err(0, "", "script-too-large", #text, M.MAX_SCRIPT_BYTES)
 		return res
 	end
-	local lines, seen = header(text)
+	local lines, seen, first, pos = header(text)
 	local count = 0
 	for _, l in ipairs(lines) do
-		local n, raw, sbatch = l[1], l[2], l[3]
-		if not (sbatch and seen[select(2, sbatch_content(raw)) or false]) then
+		local n, raw, kind = l[1], l[2], l[3]
+		local dup = false
+		if kind == "sbatch" then
+			local _, p, content = sbatch_content(raw)
+			dup = p and seen[p .. " " .. content]
+		end
+		if not dup then
 			local ctx = "line " .. n .. ": "
 			if not raw then
 				errors[#errors + 1] = err(n, ctx, "header-too-long", MAX_HEADER)
@@ -346,7 +503,7 @@ function M.parse(text)
 				break
 			end
 			st.verb = nil
-			local ok, e = pcall(line, st, n, raw, sbatch)
+			local ok, e = pcall(line, st, n, raw, kind)
 			if not ok then
 				if type(e) ~= "table" then e = { "internal-error", tostring(e) } end
 				errors[#errors + 1] = err(n, ctx .. (st.verb and st.verb .. ": " or ""), unpack(e))
@@ -354,7 +511,9 @@ function M.parse(text)
 			end
 		end
 	end
+	if first then res.warnings = late(text, first, pos) end
 	res.pool, res.capacity = st.pool, st.capacity
+	if st.dw then res.scratch_names = st.dw_names end
 	return res
 end
 

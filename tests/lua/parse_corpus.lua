@@ -41,8 +41,12 @@ local function encode(r)
     ds[i] = o:sub(1, -2) .. ',"options":' .. obj(d.options, { "checksum", "overwrite", "profile" }) .. "}"
   end
   for i, e in ipairs(r.errors) do es[i] = obj(e, { "line", "code", "message" }) end
+  local ws, ns = {}, {}
+  for i, e in ipairs(r.warnings) do ws[i] = obj(e, { "line", "code", "message" }) end
+  for i, s in ipairs(r.scratch_names) do ns[i] = str(s) end
   return '{"directives":[' .. table.concat(ds, ",") .. '],"pool":' .. val(r.pool) .. ',"capacity":'
-    .. val(r.capacity) .. ',"errors":[' .. table.concat(es, ",") .. "]}"
+    .. val(r.capacity) .. ',"scratch_names":[' .. table.concat(ns, ",") .. '],"errors":['
+    .. table.concat(es, ",") .. '],"warnings":[' .. table.concat(ws, ",") .. "]}"
 end
 
 while true do
