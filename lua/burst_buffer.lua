@@ -72,13 +72,20 @@ end
 
 --[[ Synchronous hooks: parse only. ]]
 
--- At submission: reject a bad #BB_LUA directive with the line and what to fix.
+-- At submission: reject a bad #BB_LUA or #DW directive with the line and what to fix.
+-- A staging line after the first command is no error (Slurm accepts the job, as with a late
+-- #SBATCH): slurmctld's log gets it, and the user where slurm.log_user works. In 25.11+ it
+-- calls slurm.user_msg, which only job_submit/lua defines (docs/install.md): hence the test.
 function slurm_bb_job_process(job_script, uid, gid, job_info)
 	local result = module("directives").parse(read_script(job_script))
 	if #result.errors > 0 then
 		local messages = {}
 		for i = 1, math.min(#result.errors, 3) do messages[i] = result.errors[i].message end
 		return slurm.ERROR, table.concat(messages, "; ")
+	end
+	for _, w in ipairs(result.warnings) do
+		slurm.log_info("bbstage: %s (uid %s): %s", tostring(job_script), tostring(uid), w.message)
+		if slurm.log_user and slurm.user_msg then pcall(slurm.log_user, "%s", w.message) end
 	end
 	return slurm.SUCCESS
 end
@@ -93,22 +100,28 @@ function slurm_bb_pools()
 	return slurm.SUCCESS, '{"pools":[' .. table.concat(items, ",") .. "]}"
 end
 
--- Environment for the job: BB_SCRATCH, the job's own scratch directory.
+-- Environment for the job: BB_SCRATCH, the job's own scratch directory, and for a script with
+-- #DW lines the same directory as DW_JOB_STRIPED, DW_JOB_PRIVATE and DW_JOB_<jobdw name>.
+-- paths runs inside slurmctld, under its locks: the script is parsed only when that matters
+-- (several pools, where pool= chooses; or "DW" somewhere in it).
 function slurm_bb_paths(job_id, job_script, path_file, uid, gid, job_info)
 	local pools = site.pools or {}
 	if #pools == 0 then return slurm.SUCCESS end
-	local chosen = pools[1]
-	if #pools > 1 then -- only then does the script's pool= matter: read it only then
-		-- (paths runs inside slurmctld, under its locks)
-		local wanted = module("directives").parse(read_script(job_script,
-			array_of(job_id, job_info))).pool
+	local chosen, names = pools[1], {}
+	local ok, text = pcall(read_script, job_script, array_of(job_id, job_info))
+	if not ok and #pools > 1 then error(text) end
+	if ok and (#pools > 1 or string.find(text, "DW", 1, true)) then
+		local parsed = module("directives").parse(text)
+		names = parsed.scratch_names
 		for _, p in ipairs(pools) do
-			if p.name == wanted then chosen = p end
+			if p.name == parsed.pool then chosen = p end
 		end
 	end
 	local f, err = io.open(path_file, "a")
 	if not f then return slurm.ERROR, "cannot write path file: " .. tostring(err) end
-	f:write("BB_SCRATCH=", chosen.root, "/", job_id, "\n")
+	local dir = chosen.root .. "/" .. job_id
+	f:write("BB_SCRATCH=", dir, "\n")
+	for _, name in ipairs(names) do f:write(name, "=", dir, "\n") end
 	f:close()
 	return slurm.SUCCESS
 end
