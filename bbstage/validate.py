@@ -1,7 +1,9 @@
-"""``bbstage validate script.sh [--json]``: check a batch script's #BB_LUA directives.
+"""``bbstage validate script.sh [--json]``: check a batch script's #BB_LUA and #DW directives.
 
 Uses the same grammar as slurm_bb_job_process (docs/directives.md), so a script that passes
-here is accepted at submission. Exit codes: 0 valid, 1 directive errors, 2 unreadable file.
+here is accepted at submission. A staging line after the first command is a warning (Slurm
+accepts the job but never stages it): printed to stderr, it does not change the exit code.
+Exit codes: 0 valid, 1 directive errors, 2 unreadable file.
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def summary(result: dict[str, Any]) -> list[str]:
     pool = result["pool"] or "none"
     capacity = "none" if result["capacity"] is None else _size(result["capacity"])
     lines.append(f"pool: {pool}, capacity: {capacity}")
+    if result["scratch_names"]:
+        names = ", ".join("$" + n for n in result["scratch_names"])
+        lines.append(f"scratch: $BB_SCRATCH, also {names}")
+        lines.append(
+            "#DW lines reach the hooks only where burst_buffer.conf has Directive=DW, or with "
+            "a #BB_LUA line in the script (docs/install.md)"
+        )
     return [_printable(line) for line in lines]
 
 
@@ -63,6 +72,9 @@ def run(path: str, as_json: bool, out: TextIO | None = None, err: TextIO | None 
         return 2
     result = parse(data.decode("utf-8", "surrogateescape"))
     ok = not result["errors"]
+    if not as_json:
+        for w in result["warnings"]:
+            print(f"{path}: warning: {_printable(w['message'])}", file=err)
     if as_json:
         print(json.dumps(result, indent=2), file=out)
         return 0 if ok else 1

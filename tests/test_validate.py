@@ -110,3 +110,49 @@ def test_invalid_utf8_counts_bytes(tmp_path: Path) -> None:
     script.write_bytes(b"#!/bin/sh\n" + prefix + b"\xff" * (4097 - len(prefix)) + b"\n")
     code, _, err = _run(script)
     assert code == 1 and "4097 bytes" in err
+
+
+# A DataWarp script as NERSC's example (with the pool= Slurm's burst_buffer/lua needs), and a
+# late #BB_LUA line: the issue measured both as "OK, 0 staging directives", silently.
+DATAWARP = """#!/bin/bash
+#SBATCH --nodes=2
+#DW jobdw capacity=10GB access_mode=striped type=scratch pool=sm_pool
+#DW stage_in source=/global/u/dwtest-file destination=$DW_JOB_STRIPED/dwtest-file type=file
+#DW stage_out source=$DW_JOB_STRIPED/out destination=/global/u/out type=directory
+srun ls ${DW_JOB_STRIPED}/dwtest-file
+#BB_LUA stage_out source=$BB_SCRATCH/late.dat destination=/global/u/late.dat
+"""
+
+
+def test_datawarp_script_and_late_line(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text(DATAWARP)
+    code, out, err = _run(script)
+    assert code == 0  # Slurm accepts the job: a warning, not an error
+    assert err == (
+        f"{script}: warning: line 7: #BB_LUA line after the first command (line 6) is "
+        "ignored by Slurm: move it above line 6\n"
+    )
+    assert out.splitlines() == [
+        f"{script}: OK",
+        "2 staging directives",
+        "  [0] line 4: in  file /global/u/dwtest-file -> $BB_SCRATCH/dwtest-file  "
+        "(checksum=none overwrite=always)",
+        "  [1] line 5: out tree $BB_SCRATCH/out/ -> /global/u/out/  "
+        "(checksum=none overwrite=always)",
+        "pool: sm_pool, capacity: 9765625K (10000000000 bytes)",
+        "scratch: $BB_SCRATCH, also $DW_JOB_STRIPED, $DW_JOB_PRIVATE",
+        "#DW lines reach the hooks only where burst_buffer.conf has Directive=DW, or with a "
+        "#BB_LUA line in the script (docs/install.md)",
+    ]
+    code, out, err = _run(script, as_json=True)
+    assert code == 0 and err == ""
+    assert [w["line"] for w in json.loads(out)["warnings"]] == [7]
+
+
+def test_refused_dw_line_names_it(tmp_path: Path) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#DW jobdw capacity=1GiB pool=p\n#DW swap 1GiB\n./app\n")
+    code, out, err = _run(script)
+    assert code == 1 and out == ""
+    assert err == (f"{script}: line 3: #DW swap: bbstage gives no swap space: remove the line\n")
