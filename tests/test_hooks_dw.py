@@ -9,10 +9,13 @@ job_submit/lua defines, so calling it blindly from burst_buffer.lua would fail t
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
+from .helpers import file_digest, make_tree, tree_digests
+from .hookharness import Daemon, area, daemon, user_ids, user_tree  # noqa: F401 (fixtures)
 from .luas import interpreter, lua_fixture
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,3 +117,41 @@ def test_job_process_refuses_persistentdw(lua: str, tmp_path: Path) -> None:
         "stage the data from the shared file system in each job (#DW stage_in, #DW copy_in "
         "or #BB_LUA stage_in)\n"
     )
+
+
+def test_nnf_script_staged_by_the_real_daemon(daemon: Daemon, area: Path) -> None:  # noqa: F811
+    """An NNF script through the real hooks and a real daemon (no Slurm): a file and a
+    directory in to scratch and out again, byte for byte; the job's environment names."""
+    uid, gid = user_ids()
+    src, out = area / "src", area / "out"
+    src.mkdir()
+    (src / "in.dat").write_bytes(os.urandom(1 << 20))
+    make_tree(src / "tree", 12, 10_000, sub="deeper")
+    out.mkdir()
+    user_tree(src, uid, gid)
+    user_tree(out, uid, gid)
+    job = area / "job.sh"
+    job.write_text(
+        "#!/bin/bash\n#DW jobdw type=xfs capacity=64MiB name=fast-storage pool=scratch\n"
+        f"#DW copy_in source={src}/in.dat destination=$DW_JOB_fast_storage/in.dat\n"
+        f"#DW copy_in source={src}/tree/ destination=$DW_JOB_fast_storage/tree/\n"
+        f"#DW copy_out source=$DW_JOB_fast_storage/in.dat destination={out}/out.dat\n"
+        f"#DW copy_out source=$DW_JOB_fast_storage/tree/ destination={out}/tree/\n./app\n"
+    )
+    job.chmod(0o644)
+    ids = ("77", str(uid), str(gid))
+    assert daemon.hook("slurm_bb_job_process", str(job), str(uid), str(gid)) == (0, "")
+    size = str(64 << 20)
+    assert daemon.hook("slurm_bb_setup", *ids, "scratch", size, str(job)) == (0, "")
+    env = area / "paths"
+    assert daemon.hook("slurm_bb_paths", "77", str(job), str(env), str(uid), str(gid))[0] == 0
+    scratch = area / "daemon" / "scratch" / "77"
+    assert f"DW_JOB_fast_storage={scratch}\n" in env.read_text()
+    assert daemon.hook("slurm_bb_data_in", "77", str(job)) == (0, "")
+    assert file_digest(scratch / "in.dat") == file_digest(src / "in.dat")
+    assert tree_digests(scratch / "tree") == tree_digests(src / "tree")
+    assert daemon.hook("slurm_bb_data_out", "77", str(job)) == (0, "")
+    assert file_digest(out / "out.dat") == file_digest(src / "in.dat")
+    assert tree_digests(out / "tree") == tree_digests(src / "tree")
+    assert len(tree_digests(out / "tree")) == 12
+    assert daemon.hook("slurm_bb_job_teardown", "77", str(job), "false")[0] == 0
