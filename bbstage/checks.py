@@ -44,12 +44,13 @@ def findings(config: Config, slurm_conf_dir: str | None = None) -> list[tuple[st
     for label, path in (("state_dir", config.state_dir), ("socket dir", config.socket.parent)):
         if path.exists() and (problem := _owner_safe(path)):
             out.append((FAIL, f"{label}: {problem}"))
-    for tool, why in (
-        ("squeue", "the reconciler cannot see cancelled jobs"),
-        ("luac5.1", "install-lua ships source only (slower sbatch-time parsing)"),
-    ):
-        if shutil.which(tool) is None:
-            out.append((WARN, f"{tool} not found: {why}"))
+    if shutil.which("squeue") is None:
+        out.append((WARN, "squeue not found: the reconciler cannot see cancelled jobs"))
+    lua = luainstall.target()
+    if lua.luac is None:
+        out.append((WARN, f"install-lua ships Lua sources only (slower sbatch): {lua.why}"))
+    else:
+        out.append((OK, f"install-lua precompiles for {lua.why}"))
     if slurm_conf_dir:
         site = Path(slurm_conf_dir) / "bbstage_site.lua"
         expected = luainstall.site_lua(config, "").split("\n", 1)[1]
@@ -57,6 +58,13 @@ def findings(config: Config, slurm_conf_dir: str | None = None) -> list[tuple[st
             out.append((FAIL, f"no burst_buffer.lua in {slurm_conf_dir}: run bbstage install-lua"))
         elif not site.exists() or site.read_text().split("\n", 1)[1] != expected:
             out.append((FAIL, f"{site} does not match this config: run bbstage install-lua"))
+        elif (
+            (built := luainstall.compiled_for(Path(slurm_conf_dir)))
+            and lua.version
+            and (built != lua.version)
+        ):
+            out.append((FAIL, f"hooks in {slurm_conf_dir} are compiled for Lua {built}, Slurm"
+                              f" links {lua.version}: run bbstage install-lua"))  # fmt: skip
         else:
             out.append((OK, f"hooks in {slurm_conf_dir} match this config"))
     if not any(level == FAIL for level, _ in out):

@@ -36,8 +36,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_install_lua(args: argparse.Namespace) -> int:
     from bbstage import luainstall
 
-    for path in luainstall.install(_config(args), Path(args.dest), str(args.config)):
+    try:
+        target = luainstall.target(args.lua, args.slurm_plugin and Path(args.slurm_plugin))
+    except ValueError as exc:
+        sys.exit(f"bbstage install-lua: {exc}")
+    for path in luainstall.install(_config(args), Path(args.dest), str(args.config), target):
         print(f"installed {path}", file=sys.stderr)
+    if target.luac is None:
+        print(f"bbstage install-lua: Lua sources only, not precompiled (every sbatch pays for"
+              f" compiling them): {target.why}", file=sys.stderr)  # fmt: skip
+    else:
+        print(f"bbstage install-lua: precompiled for {target.why}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -148,6 +157,17 @@ def parser() -> argparse.ArgumentParser:
         "install-lua", help="install burst_buffer.lua and its site file beside slurm.conf"
     )
     s.add_argument("--dest", required=True, help="directory that holds slurm.conf")
+    s.add_argument(
+        "--slurm-plugin",
+        metavar="PATH",
+        help="Slurm's burst_buffer_lua.so, to read which Lua it links (default: look in the"
+        " usual PluginDirs, e.g. /usr/lib/x86_64-linux-gnu/slurm-wlm, /usr/lib64/slurm)",
+    )
+    s.add_argument(
+        "--lua",
+        choices=("5.1", "5.2", "5.3", "5.4"),
+        help="precompile for this Lua version instead of the one read from the plugin",
+    )
     s.set_defaults(func=cmd_install_lua)
 
     s = sub.add_parser(

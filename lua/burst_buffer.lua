@@ -1,7 +1,9 @@
 --[[
 bbstage: burst_buffer.lua for Slurm's burst_buffer/lua plugin (Slurm 22.05 and 24.05+).
 
-Slurm compiles this file into a fresh Lua state on every call, so it stays small.
+Slurm compiles burst_buffer.lua into a fresh Lua state on every call. So `bbstage install-lua`
+installs this file as bbstage/main.lua, compiled to bbstage/main.luac for the Lua the site's
+Slurm links, and writes a burst_buffer.lua of a few lines that loads it (bbstage/luainstall.py).
   * Synchronous hooks (job_process, pools, paths) run inside slurmctld while it holds
     locks: they only parse, with lua/bbstage/directives.lua; no socket, no process.
   * Asynchronous hooks run in slurmscriptd children: each sends one request to the
@@ -11,7 +13,12 @@ Install with `bbstage install-lua --dest <dir of slurm.conf>`, which also writes
 bbstage_site.lua (socket path and pools) from the daemon's config file.
 --]]
 
-local HERE = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+-- Installed, the generated burst_buffer.lua passes its directory and the modules' suffix
+-- (".luac" when compiled for this Lua); run as burst_buffer.lua itself, the sources are used.
+local HERE, SUFFIX = ...
+if type(HERE) ~= "string" then
+	HERE, SUFFIX = debug.getinfo(1, "S").source:match("^@(.*/)") or "./", ".lua"
+end
 local site = { socket = "/run/bbstage/control.sock", pools = {} }
 do
 	local chunk = loadfile(HERE .. "bbstage_site.lua")
@@ -19,16 +26,26 @@ do
 	if ok and type(values) == "table" then site = values end
 end
 
--- Load lua/bbstage/<name>.lua, precompiled (.luac, by `bbstage install-lua`) if present.
+-- Load lua/bbstage/<name>.lua (installed: .luac). Bytecode that does not load (another Lua's)
+-- is never a silent slowdown: the source is used and slurmctld's log says so.
 local function module(name)
 	local base = HERE .. "bbstage/" .. name
-	local chunk = loadfile(base .. ".luac") or assert(loadfile(base .. ".lua"))
-	return chunk(module) -- a module may load its own (hooks.lua uses directives.lua)
+	local chunk, err = loadfile(base .. SUFFIX)
+	if not chunk and SUFFIX == ".luac" then
+		slurm.log_error("bbstage: %s; running the Lua sources instead, slower on every call:"
+			.. " run `bbstage install-lua` again", tostring(err))
+		SUFFIX = ".lua" -- once per Lua state (per hook call)
+		chunk, err = loadfile(base .. SUFFIX)
+	end
+	return assert(chunk, err)(module) -- a module may load its own (hooks.lua: directives.lua)
 end
 
 -- A task split off a job array, with its own id (24.05+ say so in job_info): the array's id.
 local function array_of(job_id, job_info)
 	local a = job_info and tonumber(job_info.array_job_id)
+	-- Slurm pushes it with lua_pushnumber: under Lua 5.3+ a float, 123.0, that .. would write
+	-- as "123.0" (a wrong script path); floor gives the integer 123.
+	a = a and math.floor(a)
 	if a and a ~= 0 and a ~= tonumber(job_id) then return a end
 end
 

@@ -1,4 +1,8 @@
-"""A real daemon on a real ZeroMQ socket, and the real Lua hooks run by lua5.1 outside Slurm."""
+"""A real daemon on a real ZeroMQ socket, and the real Lua hooks run by a Lua outside Slurm.
+
+The hooks are installed by `bbstage install-lua --lua 5.N` for the interpreter that runs them
+(the ``lua`` fixture, tests/luas.py), precompiled as they would be for such a Slurm.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import wait_until
+from .luas import lua_fixture, version
 
 REPO = Path(__file__).resolve().parents[1]
 USER = "bbuser1"
@@ -26,11 +31,12 @@ class Daemon:
     config: Path
     etc: Path
     proc: subprocess.Popen[bytes]
+    lua: str  # the interpreter the hooks run under, e.g. "lua5.4"
 
     def hook(self, name: str, *args: str | None) -> tuple[int, str]:
         argv = ["nil" if a is None else str(a) for a in args]
         out = subprocess.run(
-            ["lua5.1", str(REPO / "tests" / "lua" / "call_hook.lua"), str(self.etc), name, *argv],
+            [self.lua, str(REPO / "tests" / "lua" / "call_hook.lua"), str(self.etc), name, *argv],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
@@ -69,7 +75,8 @@ def user_ids(name: str = USER) -> tuple[int, int]:
     return pw.pw_uid, pw.pw_gid
 
 
-def start_daemon(root: Path, extra: str = "") -> Daemon:
+def start_daemon(root: Path, extra: str = "", lua: str = "lua5.1") -> Daemon:
+    """A daemon in ``root``; its hooks installed for (and run by) the interpreter ``lua``."""
     etc = root / "etc"
     etc.mkdir(parents=True, exist_ok=True)
     config = etc / "bbstage.toml"
@@ -90,7 +97,7 @@ granularity = "1M"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run(
         [sys.executable, "-m", "bbstage.cli", "--config", str(config), "install-lua",
-         "--dest", str(etc)],
+         "--dest", str(etc), "--lua", version(lua)],
         check=True, env=env, capture_output=True,
     )  # fmt: skip
     log = root / "daemon.log"
@@ -109,7 +116,7 @@ granularity = "1M"
             return b'"daemon started"' in f.read()
 
     wait_until(started, 20, f"the daemon to log that it started, in {log}")
-    return Daemon(root, config, etc, proc)
+    return Daemon(root, config, etc, proc, lua)
 
 
 @pytest.fixture
@@ -124,9 +131,13 @@ def area() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+# Every interpreter; a module may narrow it (test_hooks_daemon.py: the slow suite, ENDS).
+lua = lua_fixture()
+
+
 @pytest.fixture
-def daemon(area: Path) -> Iterator[Daemon]:
-    d = start_daemon(area / "daemon")
+def daemon(area: Path, lua: str) -> Iterator[Daemon]:
+    d = start_daemon(area / "daemon", lua=lua)
     yield d
     if d.proc.poll() is None:
         d.stop()

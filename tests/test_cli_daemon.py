@@ -85,7 +85,7 @@ def test_control_socket_is_root_only(staged: tuple[Daemon, int]) -> None:
     from .hookharness import REPO
 
     out = subprocess.run(
-        ["runuser", "-u", "bbuser1", "--", "lua5.1", str(REPO / "tests/lua/call_hook.lua"),
+        ["runuser", "-u", "bbuser1", "--", d.lua, str(REPO / "tests/lua/call_hook.lua"),
          str(d.etc), "slurm_bb_setup", "202", str(uid), str(gid), "(null)", "0", str(job)],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip

@@ -15,8 +15,12 @@ from pathlib import Path
 
 from .helpers import file_digest, make_tree, wait_until
 from .hookharness import REPO, Daemon, area, daemon, script, start_daemon, user_ids, user_tree
+from .luas import ENDS, lua_fixture
 
 __all__ = ["area", "daemon"]  # fixtures
+# The slowest Lua suite (~50 s an interpreter): under the oldest and the newest Lua only; the
+# cheap suites (tests/test_script_bytes.py, test_zmtp_lua.py, ...) run the hooks under all four.
+lua = lua_fixture(ENDS)
 
 
 def owned_dir(path: Path, uid: int, gid: int) -> Path:
@@ -96,10 +100,10 @@ def test_requests_are_idempotent(daemon: Daemon, area: Path) -> None:
     assert dst.stat().st_ino == first  # not copied again
 
 
-def test_a_finished_stage_in_is_answered_from_its_mark(area: Path) -> None:
+def test_a_finished_stage_in_is_answered_from_its_mark(lua: str, area: Path) -> None:
     """The daemon marks a finished stage-in; data_in and test_data_in then answer without
     a round trip. A restart, teardown and a new setup of the job id take the mark away."""
-    d = start_daemon(area / "daemon")
+    d = start_daemon(area / "daemon", lua=lua)
     uid, gid = user_ids()
     u, g = str(uid), str(gid)
     data = user_tree(tree(area / "data", 3, 1000), uid, gid)
@@ -113,7 +117,7 @@ def test_a_finished_stage_in_is_answered_from_its_mark(area: Path) -> None:
     assert d.hook("slurm_bb_test_data_in", "110", job, u, g, None) == (0, "")
     rc, message = d.hook("slurm_bb_data_in", "111", job)
     assert rc != 0 and "not reachable" in message
-    d = start_daemon(area / "daemon")
+    d = start_daemon(area / "daemon", lua=lua)
     try:
         assert not (marks / "110").exists()  # a restart vouches for nothing
         assert d.hook("slurm_bb_data_in", "110", job) == (0, "")  # asked: done
@@ -188,8 +192,8 @@ def test_destination_symlink_to_root_file_is_not_written_through(
     assert (mine / "out.dat").read_text() == "user data\n"
 
 
-def test_hook_fails_at_once_when_daemon_is_down(area: Path) -> None:
-    d = start_daemon(area / "d")
+def test_hook_fails_at_once_when_daemon_is_down(lua: str, area: Path) -> None:
+    d = start_daemon(area / "d", lua=lua)
     d.stop()
     uid, gid = user_ids()
     job = script(area / "job.sh", "stage_in source=/etc/hostname destination=/tmp/x")
@@ -199,22 +203,22 @@ def test_hook_fails_at_once_when_daemon_is_down(area: Path) -> None:
     assert time.monotonic() - started < 5  # after a 3 s grace for restarts
 
 
-def test_kill_9_mid_stage_in_then_restart_completes(area: Path) -> None:
-    d = start_daemon(area / "d")
+def test_kill_9_mid_stage_in_then_restart_completes(lua: str, area: Path) -> None:
+    d = start_daemon(area / "d", lua=lua)
     uid, gid = user_ids()
     data = user_tree(tree(area / "data", 3000, 128 << 10), uid, gid)
     dst = owned_dir(area / "mine", uid, gid) / "dst"
     job = script(area / "job.sh", f"stage_in source={data}/ destination={dst}/")
     assert d.hook("slurm_bb_setup", "108", str(uid), str(gid), "(null)", "0", job)[0] == 0
     hook = subprocess.Popen(  # a 22.05 data_in: waits, reconnects, re-sends
-        ["lua5.1", str(REPO / "tests/lua/call_hook.lua"), str(d.etc), "slurm_bb_data_in", "108",
+        [d.lua, str(REPO / "tests/lua/call_hook.lua"), str(d.etc), "slurm_bb_data_in", "108",
          job],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     wait_until(lambda: dst.exists() and len(list(dst.iterdir())) >= 50, 60, "50 files staged")
     assert walks(uid), "3,000 entries: the worker walks them in a process of its own"
     d.kill()  # returns once the process has ended; start_daemon waits for the new one
-    d2 = start_daemon(area / "d")
+    d2 = start_daemon(area / "d", lua=lua)
     try:
         out, _ = hook.communicate(timeout=120)
         assert out.startswith("rc=0"), out
@@ -273,20 +277,20 @@ def test_failed_stage_out_keeps_scratch(daemon: Daemon, area: Path) -> None:
     assert f"outputs kept in {scratch}" in status["error"]
 
 
-def test_hook_rides_out_a_daemon_restart(area: Path) -> None:
-    d = start_daemon(area / "d")
+def test_hook_rides_out_a_daemon_restart(lua: str, area: Path) -> None:
+    d = start_daemon(area / "d", lua=lua)
     d.stop()
     uid, gid = user_ids()
     job = script(area / "job.sh", "stage_in source=/etc/hostname destination=/tmp/x")
     hook = subprocess.Popen(
-        ["lua5.1", str(REPO / "tests/lua/call_hook.lua"), str(d.etc), "slurm_bb_setup", "111",
+        [d.lua, str(REPO / "tests/lua/call_hook.lua"), str(d.etc), "slurm_bb_setup", "111",
          str(uid), str(gid), "(null)", "0", job],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     # The outage is the point, not a wait: the hook finds no daemon for its first second and
     # must ride it out (it tries again for 3 s).
     time.sleep(1)
-    d2 = start_daemon(area / "d")
+    d2 = start_daemon(area / "d", lua=lua)
     try:
         out, _ = hook.communicate(timeout=30)
         assert out.startswith("rc=0"), out
@@ -361,10 +365,10 @@ def test_a_second_daemon_on_the_same_state_refuses_to_start(daemon: Daemon) -> N
     assert daemon.proc.poll() is None  # the first one is untouched
 
 
-def test_a_restarted_daemon_resumes_a_stage_in_nobody_asks_for_again(area: Path) -> None:
+def test_a_restarted_daemon_resumes_a_stage_in_nobody_asks_for_again(lua: str, area: Path) -> None:
     """24.05+ hooks only poll test_data_in, which starts nothing: after a crash the daemon
     must resume the stage-in by itself (Engine.resume), or the job waits for ever."""
-    d = start_daemon(area / "d")
+    d = start_daemon(area / "d", lua=lua)
     uid, gid = user_ids()
     u, g = str(uid), str(gid)
     data = user_tree(tree(area / "data", 1500, 128 << 10), uid, gid)
@@ -374,7 +378,7 @@ def test_a_restarted_daemon_resumes_a_stage_in_nobody_asks_for_again(area: Path)
     wait_until(lambda: dst.exists() and len(list(dst.iterdir())) >= 30, 60, "30 files staged")
     d.kill()
     assert len(list(dst.iterdir())) < 1500, "the kill came too late"
-    d2 = start_daemon(area / "d")
+    d2 = start_daemon(area / "d", lua=lua)
     try:
         wait_until(
             lambda: d2.hook("slurm_bb_test_data_in", "116", job, u, g, None) == (0, ""),

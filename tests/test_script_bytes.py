@@ -13,7 +13,6 @@ import io
 import json
 import os
 import select
-import shutil
 import socket
 import subprocess
 import sys
@@ -31,11 +30,11 @@ from bbstage.protocol import Reply, from_bytes, to_bytes
 from bbstage.state import Store
 
 from .helpers import file_digest, wait_until
-from .hookharness import REPO, Daemon, area, daemon, user_ids, user_tree
+from .hookharness import REPO, Daemon, area, daemon, lua, user_ids, user_tree
+from .luas import LUAS, interpreter
 
-__all__ = ["area", "daemon"]  # fixtures
+__all__ = ["area", "daemon", "lua"]  # fixtures: the hook tests run under lua5.1 ... lua5.4
 
-LUA = shutil.which("lua5.1")
 E9 = b"\xe9"  # Latin-1 "é": never valid UTF-8 on its own
 # Byte sequences a script may hold that are not UTF-8, and some that are.
 ODD = [
@@ -55,13 +54,11 @@ ODD = [
 
 
 class LuaJson:
-    """One lua5.1 running tests/lua/json_string.lua: lua/bbstage/hooks.lua's JSON encoder."""
+    """One Lua running tests/lua/json_string.lua: lua/bbstage/hooks.lua's JSON encoder."""
 
-    def __init__(self) -> None:
-        if LUA is None:
-            pytest.fail("lua5.1 not installed: scripts/local-cluster up installs it")
+    def __init__(self, lua: str) -> None:
         self.proc = subprocess.Popen(
-            [LUA, str(REPO / "tests" / "lua" / "json_string.lua"), str(REPO / "lua")],
+            [interpreter(lua), str(REPO / "tests" / "lua" / "json_string.lua"), str(REPO / "lua")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -78,9 +75,9 @@ class LuaJson:
         self.proc.wait(10)
 
 
-@pytest.fixture(scope="module")
-def lua_json() -> Iterator[LuaJson]:
-    encoder = LuaJson()
+@pytest.fixture(scope="module", params=LUAS)
+def lua_json(request: pytest.FixtureRequest) -> Iterator[LuaJson]:
+    encoder = LuaJson(request.param)
     yield encoder
     encoder.close()
 
@@ -163,7 +160,7 @@ def hook(d: Daemon, name: str, *args: str | None) -> tuple[int, bytes]:
     """A hook's (rc, message), the message as the bytes Slurm would get."""
     argv = ["nil" if a is None else str(a) for a in args]
     out = subprocess.run(
-        ["lua5.1", str(REPO / "tests" / "lua" / "call_hook.lua"), str(d.etc), name, *argv],
+        [d.lua, str(REPO / "tests" / "lua" / "call_hook.lua"), str(d.etc), name, *argv],
         capture_output=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

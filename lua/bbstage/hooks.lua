@@ -64,6 +64,8 @@ local function json(value)
 	local t = type(value)
 	if t == "string" then
 		return json_string(value)
+	elseif t == "number" and value == math.floor(value) and value > -2 ^ 53 and value < 2 ^ 53 then
+		return format("%d", value) -- Lua 5.3+ would write a float Slurm passed as "123.0"
 	elseif t == "boolean" or t == "number" then
 		return tostring(value)
 	elseif value[1] ~= nil or next(value) == nil then

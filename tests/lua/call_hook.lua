@@ -1,5 +1,5 @@
 -- Call one hook of an installed burst_buffer.lua the way Slurm does, outside Slurm.
--- usage: lua5.1 call_hook.lua <dir with burst_buffer.lua> <hook name> [args...]
+-- usage: lua5.N call_hook.lua <dir with burst_buffer.lua> <hook name> [args...]
 -- Prints "rc=<rc>" then the message. The `slurm` table is a stand-in for Slurm's.
 slurm = {
 	SUCCESS = 0, ERROR = -1,
@@ -19,5 +19,5 @@ for i = 3, #arg do
 	if v == "nil" then v = nil end
 	args[i - 2] = v
 end
-local rc, message = _G[hook](unpack(args, 1, #arg - 2))
+local rc, message = _G[hook]((table.unpack or unpack)(args, 1, #arg - 2))
 io.write("rc=", tostring(rc), "\n", tostring(message or ""), "\n")
