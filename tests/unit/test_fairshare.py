@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bbstage.fairshare import FIFO, Policy, Queue
@@ -131,3 +133,37 @@ def test_the_queue_starts_what_the_policy_picks_outside_its_lock() -> None:
     assert started == [("a", "first"), ("b", "second")]
     queue.add("c", A, (), "third")
     assert queue.drain() == ["third"]
+
+
+def test_the_config_names_the_policy_the_weights_and_the_stall_timeout() -> None:
+    from bbstage.config import from_dict
+
+    config = from_dict(
+        {
+            "daemon": {"stall_timeout": 30},
+            "fairshare": {"policy": "fifo", "weights": {"root": 2, "1234": 0.5}},
+        }
+    )
+    assert config.stall_timeout == 30.0
+    assert config.fairshare.policy == "fifo"
+    assert config.fairshare.weights == {0: 2.0, 1234: 0.5}
+    assert from_dict({}).fairshare.policy == "fair" and from_dict({}).stall_timeout == 300
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"fairshare": {"policy": "lottery"}}, "policy: 'lottery' is not fair or fifo"),
+        ({"fairshare": {"weights": {"nosuchuser-x": 2}}}, "weights.nosuchuser-x: no such user"),
+        ({"fairshare": {"weights": {"root": 0}}}, "weights.root: 0 is not above 0"),
+        ({"fairshare": {"weights": {"root": "2"}}}, "weights.root: '2' is not a number"),
+        ({"fairshare": {"share": 1}}, "unknown key(s) ['share']"),
+        ({"daemon": {"stall_timeout": 0}}, "stall_timeout: 0 is not above 0"),
+    ],
+)
+def test_a_bad_fairshare_config_names_the_key(section: dict[str, Any], message: str) -> None:
+    from bbstage.config import ConfigError, from_dict
+
+    with pytest.raises(ConfigError) as caught:
+        from_dict(section)
+    assert message in str(caught.value)
