@@ -504,7 +504,16 @@ class Engine:
         if row is not None:
             direction = "in" if d.verb == "stage_in" else "out"
             elapsed = now - (row.started or now)
-            self._emit(TransferEnded(direction, state, elapsed, row.bytes_done, row.files_done))
+            self._emit(
+                TransferEnded(
+                    direction,
+                    state,
+                    elapsed,
+                    row.bytes_done,
+                    row.files_done,
+                    job.uid if job else None,
+                )
+            )
         self._settle(job, d.verb)
 
     def _settle(self, job: JobRow | None, verb: str) -> None:
