@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pwd
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,52 @@ class Movers:
     split_min: int = 64 << 20  # a tree this big is split across the nodes
 
 
+@dataclass(frozen=True)
+class FairShare:
+    """How the transfer slots are shared among users (bbstage/fairshare.py): ``fair``
+    (per-user queues, equal or ``weights``-ed shares) or ``fifo`` (one queue, arrival order);
+    ``weights``: uid → weight (1 for everyone else)."""
+
+    policy: str = "fair"
+    weights: dict[int, float] = field(default_factory=dict)
+
+
+def _fairshare(data: dict[str, Any], source: str) -> FairShare:
+    """The [fairshare] section; weights' keys are user names or uids, resolved now."""
+    where = f"{source}: [fairshare]"
+    unknown = set(data) - {"policy", "weights"}
+    if unknown:
+        raise ConfigError(f"{where} unknown key(s) {sorted(unknown)}")
+    policy = data.get("policy", "fair")
+    if policy not in ("fair", "fifo"):
+        raise ConfigError(f"{where} policy: {policy!r} is not fair or fifo")
+    raw = data.get("weights", {})
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} weights: a table of user = weight, e.g. {{ alice = 2 }}")
+    weights: dict[int, float] = {}
+    for user, value in raw.items():
+        try:
+            weight = _number(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where} weights.{user}: {exc}") from None
+        if weight <= 0:
+            raise ConfigError(f"{where} weights.{user}: {weight:g} is not above 0")
+        try:
+            uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
+        except KeyError:
+            raise ConfigError(f"{where} weights.{user}: no such user on this host") from None
+        weights[uid] = weight
+    return FairShare(policy, weights)
+
+
+def _positive(value: Any) -> float:
+    """A number above 0."""
+    number = _number(value)
+    if number <= 0:
+        raise ValueError(f"{number:g} is not above 0")
+    return number
+
+
 def _count(value: Any) -> int:
     """A TOML integer, 0 or more."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -117,10 +164,12 @@ class Config:
     retention_days: float = 7.0
     slurm_conf: Path | None = None
     reconcile_interval: float = 10.0
+    stall_timeout: float = 300.0
     metrics_address: str = "127.0.0.1:9754"
     pools: tuple[Pool, ...] = field(default_factory=tuple)
     s3: dict[str, Any] = field(default_factory=dict)
     movers: Movers = field(default_factory=Movers)
+    fairshare: FairShare = field(default_factory=FairShare)
 
     def pool(self, name: str | None) -> Pool | None:
         """The named pool, or the first one when ``name`` is empty."""
@@ -144,6 +193,7 @@ _DAEMON_KEYS = {
     "retention_days": _number,
     "slurm_conf": Path,
     "reconcile_interval": _number,
+    "stall_timeout": _positive,
     "metrics_address": _text,
 }
 
@@ -159,7 +209,7 @@ def load(path: Path | str = DEFAULT_PATH) -> Config:
 
 
 def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
-    unknown = set(data) - {"daemon", "pools", "s3", "movers"}
+    unknown = set(data) - {"daemon", "pools", "s3", "movers", "fairshare"}
     if unknown:
         raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}")
     kwargs: dict[str, Any] = {}
@@ -186,6 +236,7 @@ def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
     kwargs["pools"] = tuple(pools)
     kwargs["s3"] = dict(data.get("s3", {}))
     kwargs["movers"] = _movers(data.get("movers", {}), source)
+    kwargs["fairshare"] = _fairshare(data.get("fairshare", {}), source)
     try:
         # A typo in [s3] is an error now, not at staging. The registry imports the backend
         # (~60 ms) only here: config itself imports none.

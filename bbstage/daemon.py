@@ -68,9 +68,20 @@ async def _main(config: Config) -> int:
             return 1
         from bbstage.dask_executor import DaskExecutor
 
-        executor = DaskExecutor(config.movers, config.transfers)  # type: ignore[assignment]
+        executor = DaskExecutor(  # type: ignore[assignment]
+            config.movers,
+            config.transfers,
+            policy=config.fairshare.policy,
+            weights=config.fairshare.weights,
+            stall_timeout=config.stall_timeout,
+        )
     else:
-        executor = TransferExecutor(config.transfers)
+        executor = TransferExecutor(
+            config.transfers,
+            policy=config.fairshare.policy,
+            weights=config.fairshare.weights,
+            stall_timeout=config.stall_timeout,
+        )
     engine = Engine(config, store, executor)
     engine.subscribe(metrics.observe)
     server = Server(engine)

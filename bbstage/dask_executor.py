@@ -26,6 +26,10 @@ scheduler, not before: a rerun of its task (a worker died) must still find ``sta
 Nothing is sent through a client that is not connected; one that stays disconnected is given
 up and its attempts fail transiently (``bbstage.dask_client``).
 
+Transfers wait in per-user queues (``bbstage.fairshare``, the local executor's policy):
+at most ``max_workers`` transfers (a user with none running: up to twice that) are handed
+to Dask at once, picked fairly; the rest wait here, not in Dask's queue.
+
 ``distributed`` is imported only here, only when ``[movers] engine = "dask"``.
 """
 
@@ -41,7 +45,7 @@ from typing import Any
 
 import structlog
 
-from bbstage import dask_client, planning, remote
+from bbstage import dask_client, fairshare, planning, remote
 from bbstage.config import Movers
 from bbstage.dask_client import Connection, connected
 from bbstage.identity import Identity
@@ -89,7 +93,15 @@ class _Attempt:
 
 
 class DaskExecutor:
-    def __init__(self, movers: Movers, max_workers: int = 4, client: Any = None) -> None:
+    def __init__(
+        self,
+        movers: Movers,
+        max_workers: int = 4,
+        client: Any = None,
+        policy: str = fairshare.FAIR,
+        weights: dict[int, float] | None = None,
+        stall_timeout: float = 300.0,
+    ) -> None:
         """``client``: an existing ``distributed.Client``, which stays the caller's (never
         closed here, but given up if it stays disconnected); else one is made, with the
         configured certificates, at the first ``submit``."""
@@ -99,6 +111,11 @@ class DaskExecutor:
         self._attempts: dict[str, list[_Attempt]] = {}  # transfer key → its running attempts
         self._cancelled: set[str] = set()
         self._closing = False
+        self._stall_timeout = stall_timeout  # not enforced here yet (docs/operations.md)
+        # Transfers wait here, in their user's queue, until the policy hands them to Dask.
+        self._queue: fairshare.Queue[tuple[Any, ...]] = fairshare.Queue(
+            fairshare.Policy(max_workers, weights, policy), self._launch
+        )
         # Connecting and waiting on results block: never on the daemon's event loop.
         self._threads = ThreadPoolExecutor(max(4, max_workers), thread_name_prefix="dask")
 
@@ -113,17 +130,52 @@ class DaskExecutor:
 
     @property
     def queued(self) -> int:
-        return 0
+        """Transfers waiting in their user's queue, not handed to Dask yet."""
+        return self._queue.waiting
 
-    def submit(self, key: str, spec: TransferSpec, identity: Identity, on_event: Any) -> Future:
-        """Start a transfer on the cluster; ``on_event`` gets ``Planned`` and ``Moved``, and
-        an ``AttemptUpdate`` for each attempt (the first before it is submitted)."""
+    def why(self, key: str) -> str | None:
+        """Why this transfer waits (for ``bbstage status``), or None if it does not."""
+        return self._queue.reason(key)
+
+    def users(self) -> dict[int, tuple[int, int]]:
+        """Each uid with transfers here: (queued, handed to Dask)."""
+        return self._queue.users()
+
+    def submit(
+        self,
+        key: str,
+        spec: TransferSpec,
+        identity: Identity,
+        on_event: Any,
+        order: tuple[Any, ...] = (),
+    ) -> Future:
+        """Queue a transfer in its user's queue; once picked it starts on the cluster.
+        ``on_event`` gets ``Planned`` and ``Moved``, and an ``AttemptUpdate`` for each
+        attempt (the first before it is submitted)."""
         future: Future[Done] = Future()
         with self._lock:
             self._cancelled.discard(key)
-            self._attempts[key] = []
-        self._threads.submit(self._guarded, key, spec, identity, on_event, future)
+        self._queue.add(key, identity.uid, order, (spec, identity, on_event, future))
         return future
+
+    def _launch(self, key: str, item: tuple[Any, ...]) -> None:
+        """The policy picked this transfer: hand it to Dask. Its slot is freed before its
+        outcome is told (the engine may submit it again at once)."""
+        spec, identity, on_event, future = item
+        inner: Future[Done] = Future()
+
+        def finish(done: Future[Done]) -> None:
+            self._queue.release(key)
+            error = done.exception()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(done.result())
+
+        inner.add_done_callback(finish)
+        with self._lock:
+            self._attempts[key] = []
+        self._threads.submit(self._guarded, key, spec, identity, on_event, inner)
 
     def abandon(self, attempts: list[str]) -> None:
         """Attempts a killed daemon left running (``lost`` in the state). Their tasks stop
@@ -152,7 +204,12 @@ class DaskExecutor:
         log.info("attempts of the daemon's last run stopped", attempts=len(attempts))
 
     def cancel(self, key: str) -> None:
-        """Stop a transfer: its tasks kill the remote copies; wait until they did."""
+        """Stop a transfer: its tasks kill the remote copies; wait until they did. One still
+        queued just leaves its queue."""
+        waiting = self._queue.withdraw(key)
+        if waiting is not None:
+            waiting[-1].set_exception(Cancelled())
+            return
         for attempt in self._signal(key):
             self._wait(attempt, CANCEL_WAIT)
 
@@ -161,6 +218,8 @@ class DaskExecutor:
         with self._lock:
             self._closing = True
             keys = list(self._attempts)
+        for item in self._queue.drain():
+            item[-1].set_exception(Cancelled())
         attempts = [a for key in keys for a in self._signal(key)]
         for attempt in attempts:
             self._wait(attempt, CANCEL_WAIT / len(attempts))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -64,6 +65,8 @@ class Engine:
         # Running attempts on transfer nodes (Dask): their latest update, by attempt id.
         self._moving: dict[str, AttemptUpdate] = {}
         self._attempts: dict[tuple[str, int], int] = {}
+        # Each job's place in its user's queue (the executor's fair share), from the hooks.
+        self._order: dict[str, tuple[float, float]] = {}
         self._stopping = False
         self._listeners: list[Callable[[EngineEvent], None]] = []
         self._ops: dict[str, Callable[[Request], Awaitable[Reply]]] = {
@@ -84,6 +87,8 @@ class Engine:
         all on 24.05+, setup only on 22.05), the verdict, and how long it took."""
         started = time.perf_counter()
         try:
+            if request.op in ("setup", "data_in", "data_out"):
+                self._order[request.job_id] = _order_of(request)
             reply = await self._ops[request.op](request)
         except (ValueError, IdentityError) as exc:
             reply = Reply.error(str(exc))
@@ -249,6 +254,7 @@ class Engine:
 
     async def teardown(self, req: Request) -> Reply:
         staged.unmark(self._staged, req.job_id)
+        self._order.pop(req.job_id, None)
         job = self.store.job(req.job_id)
         if job is None:
             await self._sweep_lost(req)
@@ -423,7 +429,8 @@ class Engine:
                 self._counts[key] = {**counts, "bytes_done": event.bytes,
                                      "files_done": event.files}  # fmt: skip
 
-        cf = self.executor.submit(f"{job.job_id}:{d.idx}", spec, identity, on_event)
+        order = self._order.get(job.job_id, (math.inf, 0.0))
+        cf = self.executor.submit(f"{job.job_id}:{d.idx}", spec, identity, on_event, order=order)
         future = asyncio.wrap_future(cf)
         future.add_done_callback(lambda f: self._finished(job.job_id, d, f))
         self._active[key] = future
@@ -497,7 +504,16 @@ class Engine:
         if row is not None:
             direction = "in" if d.verb == "stage_in" else "out"
             elapsed = now - (row.started or now)
-            self._emit(TransferEnded(direction, state, elapsed, row.bytes_done, row.files_done))
+            self._emit(
+                TransferEnded(
+                    direction,
+                    state,
+                    elapsed,
+                    row.bytes_done,
+                    row.files_done,
+                    job.uid if job else None,
+                )
+            )
         self._settle(job, d.verb)
 
     def _settle(self, job: JobRow | None, verb: str) -> None:
@@ -555,6 +571,22 @@ class Engine:
             extra=s3mover.spec_extra(self.config.s3, job.uid or 0, options.get("profile")),
             scratch_limit=_scratch_limit(job, spec),
         )
+
+
+def _order_of(req: Request) -> tuple[float, float]:
+    """A job's place among its user's transfers: the start Slurm expects (``start_time``,
+    0 when it has none), then the higher ``priority``; a hook that does not send them
+    (they are not forwarded yet) leaves arrival order."""
+
+    def number(name: str) -> float:
+        try:
+            value = float(req.get(name) or 0)
+        except (TypeError, ValueError):
+            return 0.0
+        return value if math.isfinite(value) else 0.0
+
+    start = number("start_time")
+    return (start if start > 0 else math.inf, -number("priority"))
 
 
 def _outputs_at_risk(job: JobRow) -> bool:

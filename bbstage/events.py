@@ -28,6 +28,7 @@ class TransferEnded:
     seconds: float
     bytes: int
     files: int
+    uid: int | None = None  # the job's owner
 
 
 EngineEvent = HookAnswered | TransferEnded

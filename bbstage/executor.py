@@ -10,6 +10,11 @@ transfers one at a time. After a transfer it waits, idle, for the next one of th
 identity (a fresh process costs more than a small transfer: docs/performance.md): a job
 array's tasks reuse it. It is retired after ``IDLE_RETIRE`` seconds idle (and exits by itself
 if the daemon goes away). A failed or cancelled transfer ends its worker.
+
+Transfers wait in per-user queues; ``bbstage.fairshare`` says which runs next (the executor
+only runs what it picks). A transfer that sends no event (no byte moved, no file planned)
+for ``stall_timeout`` seconds is stopped as its cancel would be (SIGTERM, then SIGKILL),
+its temporary files removed, and it fails transiently with a reason naming where it was.
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ from dataclasses import dataclass, field
 from multiprocessing import forkserver
 from typing import Any
 
-from bbstage import worker
+from bbstage import fairshare, worker
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
+from bbstage.movers.localfs import temp_owner
 from bbstage.transfer import Done, Event, Failed, TempFile, TempsSettled, TransferSpec
 
 KILL_AFTER = 1.5  # seconds between SIGTERM and SIGKILL on cancel
 IDLE_RETIRE = 10.0  # seconds an idle worker is kept for its user's next transfer
+STALL_TIMEOUT = 300.0  # seconds without any event from a worker before it is stopped
 
 
 @dataclass
@@ -57,8 +64,17 @@ class _Worker:
         _reap([self.proc])
 
 
+_Item = tuple[TransferSpec, Identity, Callable[[Event], None], "Future[Done]"]
+
+
 class TransferExecutor:
-    def __init__(self, max_workers: int) -> None:
+    def __init__(
+        self,
+        max_workers: int,
+        policy: str = fairshare.FAIR,
+        weights: dict[int, float] | None = None,
+        stall_timeout: float = STALL_TIMEOUT,
+    ) -> None:
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(
             [
@@ -83,15 +99,19 @@ class TransferExecutor:
         )
         forkserver.ensure_running()  # now, not in the middle of the first job's setup
         self._max_workers = max_workers
+        self._stall_timeout = stall_timeout
+        # Transfers wait here, in their user's queue, until the policy starts them.
+        self._queue: fairshare.Queue[_Item] = fairshare.Queue(
+            fairshare.Policy(max_workers, weights, policy), self._launch
+        )
         # One thread per running transfer, kept for the next: a new thread costs the event
-        # loop a wait in submit, and queued transfers wait here for a free one.
-        self._threads = ThreadPoolExecutor(max_workers, thread_name_prefix="transfer")
+        # loop a wait in submit. Never more than the policy runs at once, so none waits here.
+        self._threads = ThreadPoolExecutor(self._queue.policy.cap, thread_name_prefix="transfer")
         self._closing = False
         self._lock = threading.Lock()
         self._running: dict[str, _Worker] = {}
         self._idle: list[_Worker] = []
         self._cancelled: set[str] = set()
-        self._submitted = 0
         self._reaper: threading.Thread | None = None
 
     @property
@@ -107,7 +127,15 @@ class TransferExecutor:
     @property
     def queued(self) -> int:
         """Transfers waiting for a worker slot."""
-        return max(0, self._submitted - len(self._running))
+        return self._queue.waiting
+
+    def why(self, key: str) -> str | None:
+        """Why this transfer waits (for ``bbstage status``), or None if it does not."""
+        return self._queue.reason(key)
+
+    def users(self) -> dict[int, tuple[int, int]]:
+        """Each uid with transfers here: (queued, running)."""
+        return self._queue.users()
 
     def submit(
         self,
@@ -115,27 +143,32 @@ class TransferExecutor:
         spec: TransferSpec,
         identity: Identity,
         on_event: Callable[[Event], None],
+        order: tuple[Any, ...] = (),
     ) -> Future[Done]:
-        """Start a transfer; ``on_event`` gets the worker's ``Planned`` and ``Moved`` events
-        (in an executor thread)."""
+        """Queue a transfer in its user's queue (``order``: smaller first within the user's,
+        then arrival); ``on_event`` gets the worker's ``Planned`` and ``Moved`` events (in
+        an executor thread)."""
         future: Future[Done] = Future()
         with self._lock:
             self._cancelled.discard(key)
-            self._submitted += 1
-        future.add_done_callback(self._done)
-        self._threads.submit(self._guarded, key, spec, identity, on_event, future)
+        self._queue.add(key, identity.uid, order, (spec, identity, on_event, future))
         return future
 
-    def _done(self, _future: Future[Done]) -> None:
-        with self._lock:
-            self._submitted -= 1
+    def _launch(self, key: str, item: _Item) -> None:
+        """The policy picked this transfer: run it in a thread of its own."""
+        self._threads.submit(self._guarded, key, *item)
 
     def abandon(self, attempts: list[str]) -> None:
         """Attempts a stopped daemon left running: nothing to do here, its workers ended
         with it (they exit when the daemon goes away)."""
 
     def cancel(self, key: str) -> None:
-        """Stop a transfer: SIGTERM (the worker removes its partial files), SIGKILL if needed."""
+        """Stop a transfer: SIGTERM (the worker removes its partial files), SIGKILL if needed;
+        one still queued just leaves its queue."""
+        waiting = self._queue.withdraw(key)
+        if waiting is not None:
+            waiting[-1].set_exception(Cancelled())
+            return
         self._stop([key])
 
     def shutdown(self) -> None:
@@ -145,6 +178,8 @@ class TransferExecutor:
             self._closing = True  # queued transfers end as cancelled
             keys = list(self._running)
             idle, self._idle = self._idle, []
+        for item in self._queue.drain():
+            item[-1].set_exception(Cancelled())
         for each in idle:
             each.ask_to_exit()
         self._stop(keys)
@@ -162,16 +197,7 @@ class TransferExecutor:
             _signal(proc.pid, signal.SIGTERM)
         _reap(procs)
 
-    def _guarded(self, *args: Any) -> None:
-        """Run a transfer; whatever happens, its future gets an outcome."""
-        future: Future[Done] = args[-1]
-        try:
-            self._run(*args)
-        except Exception as exc:
-            if not future.done():
-                future.set_exception(TransferError(f"could not run the transfer: {exc}"))
-
-    def _run(
+    def _guarded(
         self,
         key: str,
         spec: TransferSpec,
@@ -179,18 +205,50 @@ class TransferExecutor:
         on_event: Callable[[Event], None],
         future: Future[Done],
     ) -> None:
+        """Run a transfer; whatever happens, its slot is freed, then its future gets an
+        outcome (in this order: the engine may submit it again at once)."""
+        result: Done | None = None
+        error: BaseException | None = None
+        try:
+            result = self._run(key, spec, identity, on_event)
+        except (Cancelled, TransferError) as exc:
+            error = exc
+        except Exception as exc:
+            error = TransferError(f"could not run the transfer: {exc}")
+        finally:
+            self._queue.release(key)
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def _run(
+        self,
+        key: str,
+        spec: TransferSpec,
+        identity: Identity,
+        on_event: Callable[[Event], None],
+    ) -> Done:
+        """The transfer's manifest; raises ``Cancelled`` or ``TransferError``."""
         # The worker's named temporary files not yet renamed or removed: bounded by the files
         # in flight (the worker tells which it settled), not by the files of the transfer.
         temps: set[str] = set()
         outcome: Done | Failed | None = None
+        stalled = ""
         current = self._acquire(key, identity)
         if current is None:
-            future.set_exception(Cancelled())
-            return
+            raise Cancelled()
         try:
             current.conn.send(spec)
+            last = time.monotonic()  # the worker's last event: it still moves
             while outcome is None:
+                if not current.conn.poll(max(0.0, last + self._stall_timeout - time.monotonic())):
+                    stalled = _stall_reason(spec, temps, self._stall_timeout)
+                    _signal(current.proc.pid, signal.SIGTERM)  # as a cancel: SIGKILL after
+                    _reap([current.proc])
+                    break
                 event = current.conn.recv()
+                last = time.monotonic()
                 if isinstance(event, Done | Failed):
                     outcome = event
                 elif not track_temps(temps, event):
@@ -212,18 +270,17 @@ class TransferExecutor:
         for each in stale:
             each.retire()
         if not isinstance(outcome, Done):
-            # Killed, crashed or failed: make sure no partial file is left behind.
+            # Killed, stalled, crashed or failed: make sure no partial file is left behind.
             self._cleanup(temps, identity)
         if isinstance(outcome, Done):
-            future.set_result(outcome)
-        elif cancelled:
-            future.set_exception(Cancelled())
-        elif outcome is None:  # retired above: its exit code is known
-            future.set_exception(
-                TransferError(f"worker exited with code {current.proc.exitcode}", permanent=False)
-            )
-        else:
-            future.set_exception(TransferError(outcome.message, permanent=outcome.permanent))
+            return outcome
+        if cancelled:
+            raise Cancelled()
+        if stalled:
+            raise TransferError(stalled, permanent=False)
+        if outcome is None:  # retired above: its exit code is known
+            raise TransferError(f"worker exited with code {current.proc.exitcode}", permanent=False)
+        raise TransferError(outcome.message, permanent=outcome.permanent)
 
     def _acquire(self, key: str, identity: Identity) -> _Worker | None:
         """A worker for this transfer, registered as running; None if it was cancelled
@@ -311,6 +368,18 @@ def track_temps(temps: set[str], event: Event) -> bool:
     else:
         return False
     return True
+
+
+def _stall_reason(spec: TransferSpec, temps: set[str], seconds: float) -> str:
+    """Why a stalled transfer was stopped, naming where it was stuck: the files it was
+    writing (their temporary files' destinations), else its source."""
+    writing = sorted({temp_owner(t) for t in temps})
+    if not spec.tree or not writing:
+        where = f"{spec.source} -> {spec.destination}"
+    else:
+        more = f" and {len(writing) - 3} more" if len(writing) > 3 else ""
+        where = ", ".join(writing[:3]) + more
+    return f"stalled: nothing moved for {seconds:g} s (stall_timeout) while copying {where}"
 
 
 def _reap(procs: list[Any]) -> None:

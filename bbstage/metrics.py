@@ -7,6 +7,8 @@ the executor at scrape time.
 
 from __future__ import annotations
 
+import pwd
+import threading
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -32,6 +34,33 @@ DURATION = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, float("inf")),
 )
 HOOKS = Counter("bbstage_hook_requests", "Requests from the Slurm hooks", ["hook", "status"])
+USER_BYTES = Counter(
+    "bbstage_user_staged_bytes", "Bytes staged, by job owner", ["user", "direction"]
+)
+
+# Per-user series are labelled with the user's name (the uid when it has none). Bounded: the
+# queued/running gauges list only the users with transfers queued or running at the scrape;
+# the bytes counter keeps at most USER_LABELS users per daemon run, later ones under OTHER.
+USER_LABELS = 200
+OTHER = "_other"
+_named: set[str] = set()
+_named_lock = threading.Lock()
+
+
+def user_label(uid: int, keep: bool = False) -> str:
+    """The ``user`` label of ``uid``; ``keep``: for a lasting series (a counter), which
+    takes one of the ``USER_LABELS`` places or is ``OTHER``."""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    if not keep:
+        return name
+    with _named_lock:
+        if name not in _named and len(_named) >= USER_LABELS:
+            return OTHER
+        _named.add(name)
+    return name
 
 
 class Queue(Protocol):
@@ -41,6 +70,7 @@ class Queue(Protocol):
     def running(self) -> int: ...
     @property
     def queued(self) -> int: ...
+    def users(self) -> dict[int, tuple[int, int]]: ...
 
 
 class StateCollector(Collector):
@@ -58,6 +88,17 @@ class StateCollector(Collector):
         )
         queued.add_metric([], self.executor.queued)
         yield queued
+        user_queued = GaugeMetricFamily(
+            "bbstage_user_transfers_queued", "Transfers waiting, by owner", labels=["user"]
+        )
+        user_running = GaugeMetricFamily(
+            "bbstage_user_transfers_running", "Transfers running, by owner", labels=["user"]
+        )
+        for uid, (waiting, running) in self.executor.users().items():
+            user_queued.add_metric([user_label(uid)], waiting)
+            user_running.add_metric([user_label(uid)], running)
+        yield user_queued
+        yield user_running
         jobs = GaugeMetricFamily("bbstage_jobs", "Jobs known to the daemon", labels=["state"])
         for state, n in sorted(self.store.counts().items()):
             jobs.add_metric([state], n)
@@ -97,3 +138,7 @@ def observe(event: EngineEvent) -> None:
         if event.outcome == "done":
             BYTES.labels(event.direction).inc(event.bytes)
             FILES.labels(event.direction).inc(event.files)
+            if event.uid is not None:
+                USER_BYTES.labels(user_label(event.uid, keep=True), event.direction).inc(
+                    event.bytes
+                )

@@ -38,6 +38,8 @@ def status(job: dict[str, Any]) -> None:
             f"  #{d['index']} {arrow} {d['state']:<9} {d['source']} -> {d['destination']}"
             f"  {progress}  {files}  {rate} {eta}".rstrip()
         )
+        if d.get("waiting"):  # waits for a slot: the fair share says why
+            _print(f"      {d['waiting']}")
         if d.get("nodes"):  # moved on transfer nodes (Dask)
             _print(f"      nodes: {_nodes(d['nodes'])}")
         if d["error"]:
@@ -60,7 +62,8 @@ def jobs(rows: list[dict[str, Any]]) -> None:
             f"{r['job_id']:>8} {r['uid']!s:>6} {r['state']:<12}"
             f" {r['done']:>4}/{r['directives']:<5} {progress:>22}"
         )
-        print(line + (f"  {','.join(r.get('nodes', []))}" if nodes else ""))
+        line += f"  {','.join(r.get('nodes', []))}" if nodes else ""
+        print(line + (f"  ({r['waiting']})" if r.get("waiting") else ""))
 
 
 def pools(rows: dict[str, dict[str, int]]) -> None:

@@ -5,12 +5,19 @@ from __future__ import annotations
 import grp
 import pwd
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from bbstage import scratch
 from bbstage.config import Config
 from bbstage.state import RUNNING, AttemptRow, JobRow, Store
+
+# Why a transfer waits, by its key ("job id:directive index"): the executor's ``why``.
+Why = Callable[[str], "str | None"]
+
+
+def _no_wait(_key: str) -> str | None:
+    return None
 
 
 def may_see(config_admin_group: str | None, caller_uid: int, job: JobRow) -> bool:
@@ -27,10 +34,12 @@ def may_see(config_admin_group: str | None, caller_uid: int, job: JobRow) -> boo
     return name in group.gr_mem or pwd.getpwuid(caller_uid).pw_gid == group.gr_gid
 
 
-def job_status(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> dict[str, Any]:
-    """A job's state and one entry per directive, with rate and ETA while it runs, and its
-    ``attempts`` on transfer nodes (Dask; none with the local engine) and what each node
-    moved."""
+def job_status(
+    job: JobRow, attempts: Sequence[AttemptRow] = (), why: Why = _no_wait
+) -> dict[str, Any]:
+    """A job's state and one entry per directive, with rate and ETA while it runs, why it
+    waits for a slot (``why``: the executor's), and its ``attempts`` on transfer nodes (Dask;
+    none with the local engine) and what each node moved."""
     now = time.time()
     rows = []
     for d in job.directives:
@@ -53,6 +62,7 @@ def job_status(job: JobRow, attempts: Sequence[AttemptRow] = ()) -> dict[str, An
                 "rate_bytes_per_s": round(rate, 1),
                 "eta_s": round(left / rate, 1) if d.state == "running" and rate > 0 else None,
                 "error": d.error,
+                "waiting": why(f"{job.job_id}:{d.idx}") if d.state == RUNNING else None,
                 "nodes": _nodes(mine),
                 "attempts": [_attempt(a) for a in mine],
             }
@@ -98,13 +108,15 @@ def _attempt(a: AttemptRow) -> dict[str, Any]:
 
 
 def jobs_summary(
-    jobs: list[JobRow], nodes: dict[str, list[str]] | None = None
+    jobs: list[JobRow], nodes: dict[str, list[str]] | None = None, why: Why = _no_wait
 ) -> list[dict[str, Any]]:
-    """One row per job; ``nodes``: job id → the transfer nodes its attempts ran on."""
+    """One row per job; ``nodes``: job id → the transfer nodes its attempts ran on;
+    ``waiting``: why its first waiting transfer waits (``why``), if one does."""
     nodes = nodes or {}
     out = []
     for job in jobs:
         ds = job.directives
+        waits = (why(f"{job.job_id}:{d.idx}") for d in ds if d.state == RUNNING)
         out.append(
             {
                 "job_id": job.job_id,
@@ -115,6 +127,7 @@ def jobs_summary(
                 "bytes_done": sum(d.bytes_done for d in ds),
                 "bytes_total": sum(d.bytes_total for d in ds),
                 "nodes": nodes.get(job.job_id, []),
+                "waiting": next((w for w in waits if w), None),
             }
         )
     return out

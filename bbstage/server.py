@@ -140,13 +140,18 @@ class Server:
                 return protocol.encode_user_reply(
                     ERROR, message=f"job {request.job_id}: no staging job of yours with this id"
                 )
-            status = report.job_status(job, engine.store.attempts(job.job_id))
+            status = report.job_status(job, engine.store.attempts(job.job_id), self._why)
             return protocol.encode_user_reply(OK, result=status)
         if request.op == "jobs":
             visible = [j for j in engine.store.jobs() if report.may_see(admin, uid, j)]
-            summary = report.jobs_summary(visible, engine.store.nodes())
+            summary = report.jobs_summary(visible, engine.store.nodes(), self._why)
             return protocol.encode_user_reply(OK, result=summary)
         return protocol.encode_user_reply(OK, result=report.pools(self.config, engine.store))
+
+    def _why(self, key: str) -> str | None:
+        """Why a transfer waits for a slot (the executor's fair share), if it does."""
+        why = getattr(self.engine.executor, "why", None)
+        return why(key) if why is not None else None
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -586,3 +586,27 @@ def test_bench_with_the_dask_engine_copies_on_the_nodes_as_the_user(
     assert len(made) == 40 and {p.stat().st_uid for p in made} == {NOBODY.uid}
     with pytest.raises(BenchError, match="needs --as-user"):
         bench_dask(opts, None, client=client)
+
+
+def test_the_fair_share_decides_what_is_handed_to_dask(area: Path, client: Any) -> None:
+    """One slot: a user's second transfer waits here (not in Dask's queue), saying why; a
+    cancelled waiting transfer leaves its queue without reaching Dask. (Another user's is
+    handed over at once, but then waits for the workers' resource: docs/operations.md.)"""
+    ex = DaskExecutor(config.Movers(engine="dask"), 1, client=client)
+    try:
+        big = sparse(area)
+        first = ex.submit("1:0", TransferSpec.between(str(big), str(area / "a")), NOBODY, print)
+        second = ex.submit("1:1", TransferSpec.between(str(big), str(area / "b")), NOBODY, print)
+        assert ex.queued == 1 and list(ex._attempts) == ["1:0"]
+        assert ex.why("1:1") == "queued: 0 of your transfers ahead, 1 running; 1 user share 1 slots"
+        assert ex.users() == {NOBODY.uid: (1, 1)}
+        ex.cancel("1:1")
+        with pytest.raises(Cancelled):
+            second.result(timeout=1)
+        assert list(ex._attempts) == ["1:0"]
+        ex.cancel("1:0")
+        with pytest.raises(Cancelled):
+            first.result(timeout=30)
+        assert ex.queued == 0 and ex.users() == {}
+    finally:
+        ex.shutdown()

@@ -36,11 +36,18 @@ class FakeExecutor:
         self.specs: list[TransferSpec] = []
         self.submitted: dict[str, Future[Done]] = {}  # the latest attempt, by "job:directive"
         self.abandoned: list[str] = []  # attempts a restart handed over as lost
+        self.orders: list[tuple[Any, ...]] = []  # each submit's place in its user's queue
 
     def submit(
-        self, key: str, spec: TransferSpec, identity: Any, on_event: Callable[[Event], None]
+        self,
+        key: str,
+        spec: TransferSpec,
+        identity: Any,
+        on_event: Callable[[Event], None],
+        order: tuple[Any, ...] = (),
     ) -> Future[Done]:
         self.specs.append(spec)
+        self.orders.append(order)
         plan, outcome = self.outcomes.pop(0)
         on_event(plan)
         future: Future[Done] = Future()
@@ -77,7 +84,12 @@ class NodesExecutor(FakeExecutor):
         self.tell: dict[str, Callable[[AttemptUpdate], None]] = {}  # by attempt id
 
     def submit(
-        self, key: str, spec: TransferSpec, identity: Any, on_event: Callable[[Any], None]
+        self,
+        key: str,
+        spec: TransferSpec,
+        identity: Any,
+        on_event: Callable[[Any], None],
+        order: tuple[Any, ...] = (),
     ) -> Future[Done]:
         attempt = f"{key}.{uuid.uuid4().hex[:12]}"
         self.tell[attempt] = on_event
@@ -89,7 +101,7 @@ class NodesExecutor(FakeExecutor):
             state = {Done: "done", Cancelled: "cancelled"}.get(type(outcome), "failed")
             error = str(outcome) if state == "failed" else ""
             on_event(AttemptUpdate(attempt, 0, 1, state, "dtn1", 10, 1, error))
-        return super().submit(key, spec, identity, on_event)
+        return super().submit(key, spec, identity, on_event, order)
 
 
 @pytest.fixture
@@ -418,3 +430,16 @@ def test_a_blocking_data_in_of_a_lost_job_removes_its_temporary_files(
     status, message = ask(engine, "data_in", job_id="16", script=script(*lines), wait=True)
     assert status == "error" and "unknown to the staging daemon" in message
     assert not part.exists()
+
+
+def test_a_jobs_expected_start_and_priority_place_it_in_its_users_queue(engine: Engine) -> None:
+    """Where the hooks send Slurm's expected start time and priority, the executor gets
+    them as the job's place in its user's queue; where not, every job is equal (arrival)."""
+    setup(engine, "60", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(1, 1), Done(1, 1)))
+    ask(engine, "data_in", job_id="60", start_time="1700000000", priority="500")
+    setup(engine, "61", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(1, 1), Done(1, 1)))
+    ask(engine, "data_in", job_id="61")
+    orders = engine.executor.orders  # type: ignore[attr-defined]
+    assert orders == [(1700000000.0, -500.0), (float("inf"), -0.0)]

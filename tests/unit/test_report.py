@@ -86,3 +86,25 @@ def test_jobs_shows_a_nodes_column_only_when_a_job_ran_on_transfer_nodes(
     render.jobs([row])
     header, line = capsys.readouterr().out.splitlines()
     assert header.endswith("  NODES") and line.endswith("  dtn1,dtn2")
+
+
+def test_status_and_jobs_say_why_a_transfer_waits_for_a_slot(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A queued transfer shows its reason (the executor's ``why``) under its line in
+    `bbstage status`, and at the end of its job's row in `bbstage jobs`."""
+    reason = "queued: 3 of your transfers ahead, 2 running; 4 users share 8 slots"
+    store.set_directive("42", 0, state="running")
+    store.set_directive("42", 1, state="running")
+    job = store.job("42")
+    assert job is not None
+
+    def why(key: str) -> str | None:
+        return reason if key == "42:1" else None
+
+    render.status(report.job_status(job, why=why))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == f"      {reason}" and lines[-2].startswith("  #1 in  running")
+    assert reason not in "\n".join(lines[:-1])
+    render.jobs(report.jobs_summary([job], why=why))
+    assert capsys.readouterr().out.splitlines()[1].endswith(f"  ({reason})")
