@@ -416,7 +416,8 @@ class Engine:
                 self._attempt(job.job_id, d.idx, event)
             elif isinstance(event, Planned):  # the counts so far while walking, then final
                 self._counts[key] = {**counts, "bytes_total": event.bytes,
-                                     "files_total": event.files}  # fmt: skip
+                                     "files_total": event.files,
+                                     "files_skipped": event.skipped}  # fmt: skip
                 if event.final:
                     self._final.add(key)
             elif isinstance(event, Moved):

@@ -59,6 +59,7 @@ CREATE TABLE IF NOT EXISTS directives (
     files_done INTEGER NOT NULL DEFAULT 0, files_total INTEGER NOT NULL DEFAULT 0,
     error TEXT NOT NULL DEFAULT '',
     started REAL, finished REAL,
+    files_skipped INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, idx)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state);
@@ -95,6 +96,7 @@ class DirectiveRow:
     error: str = ""
     started: float | None = None
     finished: float | None = None
+    files_skipped: int = 0  # FIFOs, sockets, devices in the source: never copied
 
 
 @dataclass
@@ -153,6 +155,11 @@ class Store:
         columns = {r["name"] for r in self._db.execute("PRAGMA table_info(jobs)")}
         if "origin" not in columns:  # a database from before the column
             self._db.execute("ALTER TABLE jobs ADD COLUMN origin TEXT NOT NULL DEFAULT 'setup'")
+        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(directives)")}
+        if "files_skipped" not in columns:  # a database from before the column
+            self._db.execute(
+                "ALTER TABLE directives ADD COLUMN files_skipped INTEGER NOT NULL DEFAULT 0"
+            )
         # Checkpoints (which fsync) run in a thread of their own, never inside a commit.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._closed = threading.Event()

@@ -157,7 +157,8 @@ class _Sending(planning.Walk):
         return True
 
     def _planned(self, planned: Planned) -> None:
-        _write(self.out, b"P", marshal.dumps((planned.bytes, planned.files, planned.final)))
+        counts = (planned.bytes, planned.files, planned.final, planned.skipped)
+        _write(self.out, b"P", marshal.dumps(counts))
 
 
 class _NoProgress:

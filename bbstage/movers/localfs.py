@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import glob as globmod
 import os
 import re
@@ -38,7 +39,58 @@ def plan_local(src: str, dst: str, *, tree: bool, glob: bool) -> Iterator[FileTa
         raise TransferError(
             f"is a directory: {src} (end the source and destination with / to stage a tree)"
         )
-    return iter([FileTask(src, dst, "file", st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns)])
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular(src, st.st_mode)
+    mode, mtime = stat.S_IMODE(st.st_mode), st.st_mtime_ns
+    return iter([FileTask(src, dst, "file", st.st_size, mode, mtime, follow=True)])
+
+
+def not_regular(path: str, mode: int) -> TransferError:
+    """The error for a source that is no regular file: bbstage copies regular files only
+    (reading a FIFO or a device could block for ever, or never end)."""
+    return TransferError(f"not a regular file: {path} is {_special(mode)}; only regular files"
+                         " are staged")  # fmt: skip
+
+
+def _special(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return "not a file" if not stat.S_ISDIR(mode) else "a directory"
+
+
+def open_source(path: str, *, follow: bool = False) -> int:
+    """Open a source file for reading without ever blocking in ``open``: ``O_NONBLOCK``
+    (a FIFO with no writer, a device), then ``fstat`` of what was opened must say regular
+    file, then ``O_NONBLOCK`` is cleared. ``follow``: a symbolic link at ``path`` is
+    followed (a single-file source named by the user); else refused (``O_NOFOLLOW``: an
+    entry of a walked tree, which was no link when it was walked). Every source is opened
+    here."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket (or a device without its driver)
+            raise TransferError(
+                f"not a regular file: {path}; only regular files are staged"
+            ) from None
+        raise os_error(exc, path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(path, st.st_mode)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, OSError):
+            raise os_error(exc, path) from None
+        raise
+    return fd
 
 
 def _expand(matches: list[str], dst: str) -> Iterator[FileTask]:
@@ -62,8 +114,8 @@ def _entry(path: str, dst: str, st: os.stat_result | None = None) -> FileTask:
             raise os_error(exc, path) from None
     if stat.S_ISDIR(st.st_mode):
         return FileTask(path, dst, "dir", mode=stat.S_IMODE(st.st_mode))
-    if not stat.S_ISREG(st.st_mode):
-        raise TransferError(f"not a regular file: {path}")
+    if not stat.S_ISREG(st.st_mode):  # skipped and counted (``planning.Walk``), as rsync does
+        return FileTask(path, dst, "special", mode=stat.S_IFMT(st.st_mode))
     return FileTask(path, dst, "file", st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns)
 
 
