@@ -194,7 +194,8 @@ class Engine:
                 raise ValueError(
                     f"pool {pool.name} has {free} bytes free, the job asks for capacity={size}"
                 )
-            path = str(scratch.create(pool, job_id, uid, gid))
+            recovered = origin == "recovered"
+            path = str(scratch.create(pool, job_id, uid, gid, recovered=recovered))
         staged.unmark(self._staged, job_id)  # a verdict about an earlier run of this job id
         job = self.store.create_job(
             job_id,
