@@ -4,6 +4,7 @@ the attempts of each directive's transfer on transfer nodes (``[movers] engine =
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -143,11 +144,13 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _private(path)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
         self._cache: dict[str, JobRow] = {}
         self._db.execute("PRAGMA journal_mode=WAL")
+        _private(path)  # -wal and -shm: SQLite gives them the database's mode; older ones too
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=10000")
@@ -428,6 +431,17 @@ class Store:
         for job_id, node in rows:
             found.setdefault(job_id, []).append(node)
         return found
+
+
+def _private(path: Path) -> None:
+    """The database and its ``-wal`` and ``-shm`` files are root's alone (0600), whatever
+    the umask: they hold every user's paths and errors. A missing database is created so."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            os.chmod(name, 0o600, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
 
 
 def _text(value: Any) -> Any:
