@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bbstage.protocol import printable
+from bbstage.protocol import bounded, printable
 
 # Job states, in lifecycle order; "failed" and "cancelled" can follow any of them.
 JOB_STATES = (
@@ -259,7 +259,7 @@ class Store:
         return job
 
     def set_job(self, job_id: str, **values: Any) -> None:
-        values = {k: _text(v) for k, v in values.items()}
+        values = {k: _text(v, k) for k, v in values.items()}
         values["updated"] = time.time()
         cols = ", ".join(f"{k} = ?" for k in values)
         with self._tx(job_id) as db:
@@ -358,7 +358,7 @@ class Store:
     # -- directives -------------------------------------------------------------------------
 
     def set_directive(self, job_id: str, idx: int, **values: Any) -> None:
-        values = {k: _text(v) for k, v in values.items()}
+        values = {k: _text(v, k) for k, v in values.items()}
         cols = ", ".join(f"{k} = ?" for k in values)
         with self._tx(job_id) as db:
             db.execute(
@@ -399,7 +399,7 @@ class Store:
             db.execute(
                 "UPDATE attempts SET state = ?, node = ?, bytes = ?, files = ?, error = ?,"
                 " ended = ? WHERE id = ?",
-                (state, _text(node), nbytes, files, _text(error), time.time(), attempt),
+                (state, _text(node), nbytes, files, bounded(error), time.time(), attempt),
             )
 
     def lose_attempts(self) -> list[str]:
@@ -444,11 +444,14 @@ def _private(path: Path) -> None:
             pass
 
 
-def _text(value: Any) -> Any:
+def _text(value: Any, column: str = "") -> Any:
     """A value for a TEXT column: SQLite takes only UTF-8, and a path from a script may hold
     bytes that are not (surrogate escapes, docs/protocol.md "Bytes"). Those columns are for
-    display and messages (a transfer's exact bytes are in ``spec``): such bytes become \\xNN."""
-    return printable(value) if isinstance(value, str) else value
+    display and messages (a transfer's exact bytes are in ``spec``): such bytes, and control
+    characters, become \\xNN (``printable``); an ``error`` is also bounded in length."""
+    if not isinstance(value, str):
+        return value
+    return bounded(value) if column == "error" else printable(value)
 
 
 def _directive(row: sqlite3.Row) -> DirectiveRow:
