@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from bbstage import movers, planning, retrying
+from bbstage.identity import user_env
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
 from bbstage.transfer import Planned, TransferSpec
 
@@ -76,7 +77,7 @@ class WalkApart:
             COMMAND,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": _pythonpath()},
+            env=user_env(os.getuid(), PYTHONPATH=_pythonpath()),
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._credits, self._in = self.proc.stdin, self.proc.stdout
