@@ -6,6 +6,7 @@ import ctypes
 import errno
 import fcntl
 import glob as globmod
+import hashlib
 import os
 import re
 import stat
@@ -192,10 +193,36 @@ def make_link(task: FileTask, job_id: str) -> None:
 def temp_name(dst: str, job_id: str, group: str = "", suffix: str = "") -> str:
     """A temporary name beside ``dst``: ``.NAME.bbstage-JOB-GROUP[SUFFIX].part``, ``GROUP``
     8 hex digits (random unless given: ``bbstage.ranges`` shares one, with ``.rIofN``
-    suffixes for its markers)."""
+    suffixes for its markers). A ``NAME`` too long for that to fit in ``NAME_MAX`` is cut,
+    with a hash of it (``_short``): any name that can be staged has a temporary name."""
     head, tail = os.path.split(dst)
     group = group or uuid.uuid4().hex[:8]
-    return os.path.join(head, f".{tail}.bbstage-{job_id}-{group}{suffix}.part")
+    return os.path.join(head, f".{_short(tail)}.bbstage-{job_id}-{group}{suffix}.part")
+
+
+NAME_MAX = 255  # bytes of one file name (Linux, every common file system)
+_HASHED = 17  # "~" and 16 hex digits of the name's hash
+# The bytes of NAME that fit beside the rest, for the longest job id (20 digits) and
+# suffix (.rIofN, up to 3 digits each): the same for every job, so ``temp_key`` knows it.
+_ROOM = NAME_MAX - len("." + ".bbstage-" + "9" * 20 + "-00000000" + ".r999of999" + ".part")
+
+
+def _short(name: str) -> str:
+    """``name``, or if it has more than ``_ROOM`` bytes, its first bytes (whole UTF-8
+    characters) and ``~`` and a hash of the whole name: always the same for one name, so a
+    file's temporary names are known (``temp_key``) and found again."""
+    raw = os.fsencode(name)
+    if len(raw) <= _ROOM:
+        return name
+    cut = raw[: _ROOM - _HASHED].decode("utf-8", "ignore")  # no character split
+    return cut + "~" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def temp_key(dst: str) -> str:
+    """What ``temp_owner`` says of ``dst``'s temporary names: ``dst`` itself unless its
+    name had to be cut. The worker keeps a file's temporary files by it."""
+    head, tail = os.path.split(dst)
+    return os.path.join(head, _short(tail))
 
 
 def temp_pattern(job_id: str) -> re.Pattern[str]:
