@@ -4,7 +4,6 @@ the attempts of each directive's transfer on transfer nodes (``[movers] engine =
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bbstage.modes import private_database
 from bbstage.protocol import bounded, printable
 
 # Job states, in lifecycle order; "failed" and "cancelled" can follow any of them.
@@ -78,6 +78,10 @@ CREATE TABLE IF NOT EXISTS attempts (
 );
 CREATE INDEX IF NOT EXISTS attempts_by_directive ON attempts (job_id, idx);
 """
+_ADDED = [  # columns added since the first schema: (table, column, type)
+    ("jobs", "origin", "TEXT NOT NULL DEFAULT 'setup'"),
+    ("directives", "files_skipped", "INTEGER NOT NULL DEFAULT 0"),
+]
 
 
 @dataclass
@@ -144,25 +148,20 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _private(path)
+        private_database(path)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
         self._cache: dict[str, JobRow] = {}
         self._db.execute("PRAGMA journal_mode=WAL")
-        _private(path)  # -wal and -shm: SQLite gives them the database's mode; older ones too
+        private_database(path)  # -wal, -shm: SQLite gives them the database's mode
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
-        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(jobs)")}
-        if "origin" not in columns:  # a database from before the column
-            self._db.execute("ALTER TABLE jobs ADD COLUMN origin TEXT NOT NULL DEFAULT 'setup'")
-        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(directives)")}
-        if "files_skipped" not in columns:  # a database from before the column
-            self._db.execute(
-                "ALTER TABLE directives ADD COLUMN files_skipped INTEGER NOT NULL DEFAULT 0"
-            )
+        for table, column, kind in _ADDED:  # a database from before the column
+            if column not in {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         # Checkpoints (which fsync) run in a thread of their own, never inside a commit.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._closed = threading.Event()
@@ -431,17 +430,6 @@ class Store:
         for job_id, node in rows:
             found.setdefault(job_id, []).append(node)
         return found
-
-
-def _private(path: Path) -> None:
-    """The database and its ``-wal`` and ``-shm`` files are root's alone (0600), whatever
-    the umask: they hold every user's paths and errors. A missing database is created so."""
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
-    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        try:
-            os.chmod(name, 0o600, follow_symlinks=False)
-        except FileNotFoundError:
-            pass
 
 
 def _text(value: Any, column: str = "") -> Any:
