@@ -23,6 +23,23 @@ def _owner_safe(path: Path) -> str | None:
     return None
 
 
+def _state_dir_private(config: Config) -> list[tuple[str, str]]:
+    """The state directory holds every user's paths and errors: root's alone (0700), with
+    no pool inside it (a pool root must be reachable by users)."""
+    out = []
+    state = config.state_dir
+    if state.exists() and state.stat().st_mode & 0o077:
+        mode = oct(state.stat().st_mode & 0o777)
+        out.append((WARN, f"state_dir: {state} is {mode}, open to group or others: chmod 0700"
+                          " (state.db is 0600, but keep the directory private)"))  # fmt: skip
+    for pool in config.pools:
+        if pool.root.resolve().is_relative_to(state.resolve()):
+            out.append((WARN, f"pool {pool.name}: {pool.root} is inside state_dir {state}:"
+                              " users must reach their scratch, so state_dir could not be"
+                              " private; put pools elsewhere"))  # fmt: skip
+    return out
+
+
 def findings(config: Config, slurm_conf_dir: str | None = None) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     if os.geteuid() != 0:
@@ -44,6 +61,7 @@ def findings(config: Config, slurm_conf_dir: str | None = None) -> list[tuple[st
     for label, path in (("state_dir", config.state_dir), ("socket dir", config.socket.parent)):
         if path.exists() and (problem := _owner_safe(path)):
             out.append((FAIL, f"{label}: {problem}"))
+    out += _state_dir_private(config)
     if shutil.which("squeue") is None:
         out.append((WARN, "squeue not found: the reconciler cannot see cancelled jobs"))
     lua = luainstall.target()

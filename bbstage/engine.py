@@ -23,7 +23,7 @@ from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
 from bbstage.movers import Cancelled, TransferError
 from bbstage.movers.implementations import s3 as s3mover
-from bbstage.protocol import BUSY, ERROR, OK, Reply, Request
+from bbstage.protocol import BUSY, ERROR, OK, Reply, Request, bounded
 from bbstage.state import (
     CANCELLED,
     DONE,
@@ -199,7 +199,8 @@ class Engine:
                 raise ValueError(
                     f"pool {pool.name} has {free} bytes free, the job asks for capacity={size}"
                 )
-            path = str(scratch.create(pool, job_id, uid, gid))
+            recovered = origin == "recovered"
+            path = str(scratch.create(pool, job_id, uid, gid, recovered=recovered))
         staged.unmark(self._staged, job_id)  # a verdict about an earlier run of this job id
         job = self.store.create_job(
             job_id,
@@ -422,7 +423,8 @@ class Engine:
                 self._attempt(job.job_id, d.idx, event)
             elif isinstance(event, Planned):  # the counts so far while walking, then final
                 self._counts[key] = {**counts, "bytes_total": event.bytes,
-                                     "files_total": event.files}  # fmt: skip
+                                     "files_total": event.files,
+                                     "files_skipped": event.skipped}  # fmt: skip
                 if event.final:
                     self._final.add(key)
             elif isinstance(event, Moved):
@@ -476,6 +478,7 @@ class Engine:
                     f" of the {plan.files if plan else '?'} files"
                     f" ({plan.bytes if plan else '?'} bytes) it planned"
                 )
+        error = bounded(str(exc)) if exc is not None else ""  # for the log (the store bounds)
         if exc is None:
             state = DONE
             self._attempts.pop(key, None)
@@ -489,7 +492,7 @@ class Engine:
             if transient and attempt < ATTEMPTS and job is not None:
                 self._attempts[key] = attempt + 1
                 log.warning("transfer failed, trying again", job_id=job_id, directive=d.idx,
-                            attempt=attempt, error=str(exc))  # fmt: skip
+                            attempt=attempt, error=error)  # fmt: skip
                 row = next(r for r in job.directives if r.idx == d.idx)
                 self._start(job, row)
                 return
@@ -498,7 +501,7 @@ class Engine:
             self.store.set_directive(
                 job_id, d.idx, state=state, error=str(exc), finished=now, **counts
             )
-            log.warning("transfer failed", job_id=job_id, directive=d.idx, error=str(exc))
+            log.warning("transfer failed", job_id=job_id, directive=d.idx, error=error)
         job = self.store.job(job_id)
         row = next((r for r in job.directives if r.idx == d.idx), None) if job else None
         if row is not None:

@@ -49,3 +49,21 @@ class Identity:
         if os.getuid() != self.uid or os.geteuid() != self.uid:  # pragma: no cover - paranoia
             raise IdentityError("could not drop privileges")
         os.umask(0o077)
+
+
+USER_PATH = "/usr/bin:/bin"
+_KEPT = ("LANG", "TZ")  # and every LC_*: how the user's process reads and shows text and time
+
+
+def user_env(uid: int, **extra: str) -> dict[str, str]:
+    """The whole environment of a process started for the user ``uid``: an allow-list,
+    never root's environment (its keys, proxies and whatever systemd's ``Environment=``
+    holds would be readable in ``/proc/<pid>/environ`` by that user). ``PATH``, the user's
+    ``HOME``, the locale and time zone, and ``extra``."""
+    try:
+        home = pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        home = "/"
+    env = {"PATH": USER_PATH, "HOME": home, "LANG": "C.UTF-8"}
+    env |= {k: v for k, v in os.environ.items() if k in _KEPT or k.startswith("LC_")}
+    return env | extra

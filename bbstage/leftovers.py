@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import structlog
 
 from bbstage import directives
-from bbstage.identity import Identity, IdentityError
+from bbstage.identity import Identity, IdentityError, user_env
 from bbstage.movers import localfs
 
 log = structlog.get_logger(__name__)
@@ -112,6 +112,7 @@ def remove(by_owner: dict[int, list[str]], job_id: str) -> int:
                 group=identity.gid,
                 extra_groups=list(identity.groups),
                 umask=0o077,
+                env=user_env(identity.uid),
                 timeout=60,
                 check=True,
             )

@@ -88,6 +88,9 @@ def select(mover: Mover, tasks: Iterable[FileTask], overwrite: str) -> Iterator[
     absent: set[str] = set()  # directories found absent, whose entries may still come
     parent = None
     for task in tasks:
+        if task.kind == "special":
+            yield task  # never copied: the walk counts it (``Walk``)
+            continue
         here = os.path.dirname(task.dst)
         if here != parent:
             absent.discard(parent)  # type: ignore[arg-type]
@@ -193,12 +196,15 @@ class Walk:
 
     def walk(self) -> None:
         """Read the plan and hand it on (``hand_on``), making directories on the way."""
-        files = nbytes = chunk_bytes = 0
+        files = nbytes = chunk_bytes = skipped = 0
         chunk: list[FileTask] = []
         last = time.monotonic()
         for task in self.tasks:
             if self.stop.is_set() or self.cancel.is_set():
                 return  # no final Planned: the transfer did not finish
+            if task.kind == "special":  # a FIFO, socket or device: skipped, counted
+                skipped += 1
+                continue
             if task.kind == "dir" and self.make_dir is not None:
                 self.make_dir(task)
                 continue
@@ -219,10 +225,10 @@ class Walk:
                 chunk, chunk_bytes = [], 0
                 if time.monotonic() - last >= REPORT_EVERY:
                     last = time.monotonic()
-                    self.send(Planned(nbytes, files, final=False))
+                    self.send(Planned(nbytes, files, final=False, skipped=skipped))
         if chunk and not self.hand_on(chunk):
             return
-        self.send(Planned(nbytes, files))
+        self.send(Planned(nbytes, files, skipped=skipped))
 
     def hand_on(self, chunk: list[FileTask] | None, force: bool = False) -> bool:
         """Hand ``chunk`` on, waiting for room; False if the copy ended first. ``force``

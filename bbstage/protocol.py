@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +67,9 @@ class Reply:
 
     @classmethod
     def error(cls, message: str) -> Reply:
-        return cls(ERROR, message)
+        """An error for Slurm: it becomes the job's reason and a slurmctld log line, so it
+        is escaped and bounded (``bounded``)."""
+        return cls(ERROR, bounded(message, as_bytes=True))
 
 
 def from_bytes(data: bytes) -> str:
@@ -87,11 +90,48 @@ def to_bytes(text: str) -> bytes:
         ).encode("utf-8", "surrogateescape")
 
 
+# Characters that must never reach a terminal, a log line or a Slurm job reason raw: C0
+# controls (newline and ESC included), DEL, C1 controls (also as the raw bytes 0x80-0x9f,
+# U+DC80-U+DC9F: "Bytes"), and the invisible ones that reorder or split what is shown
+# (bidirectional overrides and isolates, line and paragraph separators).
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff\udc80-\udc9f]"
+)
+ERROR_MAX = 1024  # characters of an error message shown to Slurm, stored or printed
+
+
 def printable(text: str) -> str:
-    """``text`` for a terminal or a UTF-8 file: a byte that is not UTF-8 is shown as \\xNN."""
-    if text.isascii():
+    """``text`` for a terminal, a log or a UTF-8 file, on one line: a byte that is not UTF-8
+    is shown as \\xNN, and so is every control or invisible formatting character
+    (``_UNSAFE``: \\x0a, \\x1b, \\u202e...). Text that a user controls (file names, an S3
+    server's error messages) can then neither forge lines nor send escape sequences."""
+    if not text.isascii():
+        text = to_bytes(_controls(text)).decode("utf-8", "backslashreplace")
+    return _controls(text)
+
+
+def _controls(text: str) -> str:
+    """``text`` with every ``_UNSAFE`` character as \\xNN or \\uNNNN."""
+    return text if text.isprintable() else _UNSAFE.sub(_escape, text)
+
+
+def _escape(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8 ("Bytes")
+        code -= 0xDC00
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def bounded(text: str, limit: int = ERROR_MAX, *, as_bytes: bool = False) -> str:
+    """An error message for Slurm (the job's reason, slurmctld's log), the state and
+    ``bbstage status``: ``printable`` (``as_bytes``: only its control characters escaped,
+    bytes that are not UTF-8 left as they are for the wire, "Bytes"), at most ``limit``
+    characters and a note of how many were left out. The one choke point every error text
+    passes (``Reply.error``, the engine's records)."""
+    text = _controls(text) if as_bytes else printable(text)
+    if len(text) <= limit:
         return text
-    return to_bytes(text).decode("utf-8", "backslashreplace")
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 def decode_request(data: bytes, allowed: frozenset[str]) -> Request:

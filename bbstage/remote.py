@@ -93,16 +93,22 @@ def _value(value: Any, hint: Any) -> Any:
     raise ValueError(f"{value!r} is not a {hint}")
 
 
+_REQUIRED = {
+    t: {f.name for f in dataclasses.fields(t) if f.default is dataclasses.MISSING}
+    for t, _ in _TYPES.values()
+}
+
+
 def from_json(data: Any) -> Event | None:
     """The event a dict describes, or None if it is not exactly one (it came from a
     process the user controls: only the known fields of the known types, typed)."""
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         return None
     cls, fields = _TYPES.get(data["type"], (None, {}))
-    if cls is None or set(data) != {"type", *fields}:
-        return None
+    if cls is None or not set(data) <= {"type", *fields} or not _REQUIRED[cls] <= set(data):
+        return None  # a field with a default may be missing (a sender one version older)
     try:
-        return cls(**{k: _value(data[k], t) for k, t in fields.items()})
+        return cls(**{k: _value(data[k], t) for k, t in fields.items() if k in data})
     except ValueError:
         return None
 

@@ -32,6 +32,8 @@ def status(job: dict[str, Any]) -> None:
         arrow = "in " if d["direction"] == "in" else "out"
         progress = f"{_size(d['bytes_done'])}/{_size(d['bytes_total'])}"
         files = f"{d['files_done']}/{d['files_total']} files"
+        if d.get("files_skipped"):  # FIFOs, sockets, devices: as rsync, never copied
+            files += f" ({d['files_skipped']} special files skipped)"
         rate = f"{_size(d['rate_bytes_per_s'])}/s" if d["rate_bytes_per_s"] else "-"
         eta = f"eta {d['eta_s']:.0f}s" if d.get("eta_s") else ""
         _print(

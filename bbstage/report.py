@@ -59,6 +59,7 @@ def job_status(
                 "bytes_total": d.bytes_total,
                 "files_done": d.files_done,
                 "files_total": d.files_total,
+                "files_skipped": d.files_skipped,
                 "rate_bytes_per_s": round(rate, 1),
                 "eta_s": round(left / rate, 1) if d.state == "running" and rate > 0 else None,
                 "error": d.error,

@@ -33,7 +33,8 @@ class Split:
                     self._planned[index] = event
                     known = [p for p in self._planned if p is not None]
                     final = len(known) == len(self._planned) and all(p.final for p in known)
-                    total = Planned(sum(p.bytes for p in known), sum(p.files for p in known), final)
+                    total = Planned(sum(p.bytes for p in known), sum(p.files for p in known),
+                                    final, sum(p.skipped for p in known))  # fmt: skip
                     self._on_event(total)
                 elif isinstance(event, Moved):
                     self._moved[index] = event

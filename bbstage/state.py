@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bbstage.protocol import printable
+from bbstage.modes import private_database
+from bbstage.protocol import bounded, printable
 
 # Job states, in lifecycle order; "failed" and "cancelled" can follow any of them.
 JOB_STATES = (
@@ -59,6 +60,7 @@ CREATE TABLE IF NOT EXISTS directives (
     files_done INTEGER NOT NULL DEFAULT 0, files_total INTEGER NOT NULL DEFAULT 0,
     error TEXT NOT NULL DEFAULT '',
     started REAL, finished REAL,
+    files_skipped INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, idx)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state);
@@ -76,6 +78,10 @@ CREATE TABLE IF NOT EXISTS attempts (
 );
 CREATE INDEX IF NOT EXISTS attempts_by_directive ON attempts (job_id, idx);
 """
+_ADDED = [  # columns added since the first schema: (table, column, type)
+    ("jobs", "origin", "TEXT NOT NULL DEFAULT 'setup'"),
+    ("directives", "files_skipped", "INTEGER NOT NULL DEFAULT 0"),
+]
 
 
 @dataclass
@@ -95,6 +101,7 @@ class DirectiveRow:
     error: str = ""
     started: float | None = None
     finished: float | None = None
+    files_skipped: int = 0  # FIFOs, sockets, devices in the source: never copied
 
 
 @dataclass
@@ -141,18 +148,20 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        private_database(path)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
         self._cache: dict[str, JobRow] = {}
         self._db.execute("PRAGMA journal_mode=WAL")
+        private_database(path)  # -wal, -shm: SQLite gives them the database's mode
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
-        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(jobs)")}
-        if "origin" not in columns:  # a database from before the column
-            self._db.execute("ALTER TABLE jobs ADD COLUMN origin TEXT NOT NULL DEFAULT 'setup'")
+        for table, column, kind in _ADDED:  # a database from before the column
+            if column not in {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         # Checkpoints (which fsync) run in a thread of their own, never inside a commit.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._closed = threading.Event()
@@ -249,7 +258,7 @@ class Store:
         return job
 
     def set_job(self, job_id: str, **values: Any) -> None:
-        values = {k: _text(v) for k, v in values.items()}
+        values = {k: _text(v, k) for k, v in values.items()}
         values["updated"] = time.time()
         cols = ", ".join(f"{k} = ?" for k in values)
         with self._tx(job_id) as db:
@@ -348,7 +357,7 @@ class Store:
     # -- directives -------------------------------------------------------------------------
 
     def set_directive(self, job_id: str, idx: int, **values: Any) -> None:
-        values = {k: _text(v) for k, v in values.items()}
+        values = {k: _text(v, k) for k, v in values.items()}
         cols = ", ".join(f"{k} = ?" for k in values)
         with self._tx(job_id) as db:
             db.execute(
@@ -389,7 +398,7 @@ class Store:
             db.execute(
                 "UPDATE attempts SET state = ?, node = ?, bytes = ?, files = ?, error = ?,"
                 " ended = ? WHERE id = ?",
-                (state, _text(node), nbytes, files, _text(error), time.time(), attempt),
+                (state, _text(node), nbytes, files, bounded(error), time.time(), attempt),
             )
 
     def lose_attempts(self) -> list[str]:
@@ -423,11 +432,14 @@ class Store:
         return found
 
 
-def _text(value: Any) -> Any:
+def _text(value: Any, column: str = "") -> Any:
     """A value for a TEXT column: SQLite takes only UTF-8, and a path from a script may hold
     bytes that are not (surrogate escapes, docs/protocol.md "Bytes"). Those columns are for
-    display and messages (a transfer's exact bytes are in ``spec``): such bytes become \\xNN."""
-    return printable(value) if isinstance(value, str) else value
+    display and messages (a transfer's exact bytes are in ``spec``): such bytes, and control
+    characters, become \\xNN (``printable``); an ``error`` is also bounded in length."""
+    if not isinstance(value, str):
+        return value
+    return bounded(value) if column == "error" else printable(value)
 
 
 def _directive(row: sqlite3.Row) -> DirectiveRow:

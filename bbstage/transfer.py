@@ -90,11 +90,14 @@ class TransferSpec:
 class Planned:
     """What the transfer will move: the files and bytes not already in place. While the
     source is still walked the worker sends the counts so far (``final=False``, for
-    ``bbstage status``); the ``final`` one counts every file the walk handed to the copy."""
+    ``bbstage status``); the ``final`` one counts every file the walk handed to the copy.
+    ``skipped``: entries of the source that are no regular file, link or directory (FIFOs,
+    sockets, devices), never copied, as rsync skips them."""
 
     bytes: int
     files: int
     final: bool = True
+    skipped: int = 0
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from bbstage import movers, planning, retrying
+from bbstage.identity import user_env
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
 from bbstage.transfer import Planned, TransferSpec
 
@@ -76,7 +77,7 @@ class WalkApart:
             COMMAND,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": _pythonpath()},
+            env=user_env(os.getuid(), PYTHONPATH=_pythonpath()),
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._credits, self._in = self.proc.stdin, self.proc.stdout
@@ -157,7 +158,8 @@ class _Sending(planning.Walk):
         return True
 
     def _planned(self, planned: Planned) -> None:
-        _write(self.out, b"P", marshal.dumps((planned.bytes, planned.files, planned.final)))
+        counts = (planned.bytes, planned.files, planned.final, planned.skipped)
+        _write(self.out, b"P", marshal.dumps(counts))
 
 
 class _NoProgress:

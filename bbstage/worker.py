@@ -77,7 +77,7 @@ class Reporter:
         temporary files (this attempt's and failed ones') are gone: renamed or removed."""
         with self._lock:
             self.committed = Done(self.committed.bytes + task.size, self.committed.files + 1)
-            settled = self._temps.pop(task.dst, None)
+            settled = self._temps.pop(localfs.temp_key(task.dst), None)
             if settled:
                 self._settled += settled
                 if len(self._settled) >= SETTLE_BATCH:
@@ -90,7 +90,7 @@ class Reporter:
         file). Its temporary files are no longer this share's: its siblings' or renamed."""
         with self._lock:
             self.committed = Done(self.committed.bytes + nbytes, self.committed.files + files)
-            self._settled += self._temps.pop(task.dst, [])
+            self._settled += self._temps.pop(localfs.temp_key(task.dst), [])
 
     def temp(self, path: str) -> None:
         """Tell the executor of a temporary file before the mover creates it."""

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-Kind = Literal["file", "dir", "link"]
+Kind = Literal["file", "dir", "link", "special"]  # special: a FIFO, socket or device, skipped
 
 
 class TransferError(Exception):
@@ -62,6 +62,7 @@ class FileTask:
     mode: int | None = None
     mtime_ns: int | None = None
     target: str | None = None  # for links
+    follow: bool = False  # open ``src`` through a symbolic link (a single-file source's own)
 
 
 class Progress(Protocol):

@@ -10,6 +10,7 @@ from typing import Any
 import xxhash
 
 from bbstage.movers.base import TransferError
+from bbstage.movers.localfs import open_source
 
 ALGORITHMS: dict[str, Callable[[], Any]] = {
     "xxh3": xxhash.xxh3_128,
@@ -38,16 +39,17 @@ def digest_fd(algorithm: str, fd: int) -> str:
     return h.hexdigest()
 
 
-def digest_path(algorithm: str, path: str) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def digest_path(algorithm: str, path: str, *, follow: bool = False) -> str:
+    """The digest of the source file at ``path`` (``localfs.open_source``: never blocks)."""
+    fd = open_source(path, follow=follow)
     try:
         return digest_fd(algorithm, fd)
     finally:
         os.close(fd)
 
 
-def verify(algorithm: str, src_path: str, dst_fd: int) -> None:
+def verify(algorithm: str, src_path: str, dst_fd: int, *, follow: bool = False) -> None:
     """Compare the source file with what was written; a mismatch is retried."""
     check(algorithm)
-    if digest_path(algorithm, src_path) != digest_fd(algorithm, dst_fd):
+    if digest_path(algorithm, src_path, follow=follow) != digest_fd(algorithm, dst_fd):
         raise TransferError(f"checksum mismatch ({algorithm}): {src_path}", permanent=False)

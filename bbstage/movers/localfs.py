@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import glob as globmod
+import hashlib
 import os
 import re
 import stat
@@ -38,7 +40,58 @@ def plan_local(src: str, dst: str, *, tree: bool, glob: bool) -> Iterator[FileTa
         raise TransferError(
             f"is a directory: {src} (end the source and destination with / to stage a tree)"
         )
-    return iter([FileTask(src, dst, "file", st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns)])
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular(src, st.st_mode)
+    mode, mtime = stat.S_IMODE(st.st_mode), st.st_mtime_ns
+    return iter([FileTask(src, dst, "file", st.st_size, mode, mtime, follow=True)])
+
+
+def not_regular(path: str, mode: int) -> TransferError:
+    """The error for a source that is no regular file: bbstage copies regular files only
+    (reading a FIFO or a device could block for ever, or never end)."""
+    return TransferError(f"not a regular file: {path} is {_special(mode)}; only regular files"
+                         " are staged")  # fmt: skip
+
+
+def _special(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return "not a file" if not stat.S_ISDIR(mode) else "a directory"
+
+
+def open_source(path: str, *, follow: bool = False) -> int:
+    """Open a source file for reading without ever blocking in ``open``: ``O_NONBLOCK``
+    (a FIFO with no writer, a device), then ``fstat`` of what was opened must say regular
+    file, then ``O_NONBLOCK`` is cleared. ``follow``: a symbolic link at ``path`` is
+    followed (a single-file source named by the user); else refused (``O_NOFOLLOW``: an
+    entry of a walked tree, which was no link when it was walked). Every source is opened
+    here."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket (or a device without its driver)
+            raise TransferError(
+                f"not a regular file: {path}; only regular files are staged"
+            ) from None
+        raise os_error(exc, path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(path, st.st_mode)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, OSError):
+            raise os_error(exc, path) from None
+        raise
+    return fd
 
 
 def _expand(matches: list[str], dst: str) -> Iterator[FileTask]:
@@ -62,8 +115,8 @@ def _entry(path: str, dst: str, st: os.stat_result | None = None) -> FileTask:
             raise os_error(exc, path) from None
     if stat.S_ISDIR(st.st_mode):
         return FileTask(path, dst, "dir", mode=stat.S_IMODE(st.st_mode))
-    if not stat.S_ISREG(st.st_mode):
-        raise TransferError(f"not a regular file: {path}")
+    if not stat.S_ISREG(st.st_mode):  # skipped and counted (``planning.Walk``), as rsync does
+        return FileTask(path, dst, "special", mode=stat.S_IFMT(st.st_mode))
     return FileTask(path, dst, "file", st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns)
 
 
@@ -140,10 +193,36 @@ def make_link(task: FileTask, job_id: str) -> None:
 def temp_name(dst: str, job_id: str, group: str = "", suffix: str = "") -> str:
     """A temporary name beside ``dst``: ``.NAME.bbstage-JOB-GROUP[SUFFIX].part``, ``GROUP``
     8 hex digits (random unless given: ``bbstage.ranges`` shares one, with ``.rIofN``
-    suffixes for its markers)."""
+    suffixes for its markers). A ``NAME`` too long for that to fit in ``NAME_MAX`` is cut,
+    with a hash of it (``_short``): any name that can be staged has a temporary name."""
     head, tail = os.path.split(dst)
     group = group or uuid.uuid4().hex[:8]
-    return os.path.join(head, f".{tail}.bbstage-{job_id}-{group}{suffix}.part")
+    return os.path.join(head, f".{_short(tail)}.bbstage-{job_id}-{group}{suffix}.part")
+
+
+NAME_MAX = 255  # bytes of one file name (Linux, every common file system)
+_HASHED = 17  # "~" and 16 hex digits of the name's hash
+# The bytes of NAME that fit beside the rest, for the longest job id (20 digits) and
+# suffix (.rIofN, up to 3 digits each): the same for every job, so ``temp_key`` knows it.
+_ROOM = NAME_MAX - len("." + ".bbstage-" + "9" * 20 + "-00000000" + ".r999of999" + ".part")
+
+
+def _short(name: str) -> str:
+    """``name``, or if it has more than ``_ROOM`` bytes, its first bytes (whole UTF-8
+    characters) and ``~`` and a hash of the whole name: always the same for one name, so a
+    file's temporary names are known (``temp_key``) and found again."""
+    raw = os.fsencode(name)
+    if len(raw) <= _ROOM:
+        return name
+    cut = raw[: _ROOM - _HASHED].decode("utf-8", "ignore")  # no character split
+    return cut + "~" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def temp_key(dst: str) -> str:
+    """What ``temp_owner`` says of ``dst``'s temporary names: ``dst`` itself unless its
+    name had to be cut. The worker keeps a file's temporary files by it."""
+    head, tail = os.path.split(dst)
+    return os.path.join(head, _short(tail))
 
 
 def temp_pattern(job_id: str) -> re.Pattern[str]:

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from bbstage.movers import localfs
-from bbstage.movers.base import Cancelled, FileTask, Mover, Progress, TransferError, os_error
+from bbstage.movers.base import Cancelled, FileTask, Mover, Progress, TransferError
 from bbstage.movers.checksum import verify
 
 _STEP = 16 << 20  # bytes per copy_file_range call, and per progress report
@@ -44,8 +44,8 @@ class PosixMover(Mover):
         if task.kind != "file" or task.size > _PREFETCH_MAX:
             return
         try:
-            fd = os.open(task.src, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
+            fd = localfs.open_source(task.src, follow=task.follow)
+        except TransferError:
             return
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
@@ -59,17 +59,14 @@ class PosixMover(Mover):
             return localfs.make_dir(task)
         if task.kind == "link":
             return localfs.make_link(task, self.options.job_id)
-        try:
-            src = os.open(task.src, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise os_error(exc, task.src) from None
+        src = localfs.open_source(task.src, follow=task.follow)
         try:
             if task.size >= _STEP:  # as cp does: the kernel reads further ahead
                 os.posix_fadvise(src, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             with localfs.atomic_file(task, self.options.job_id, progress) as dst:
                 self._copy_data(src, dst, task.size, progress, cancel)
                 if self.options.checksum != "none":
-                    verify(self.options.checksum, task.src, dst)
+                    verify(self.options.checksum, task.src, dst, follow=task.follow)
         finally:
             os.close(src)
 
@@ -82,10 +79,7 @@ class PosixMover(Mover):
         progress: Progress,
         cancel: threading.Event,
     ) -> None:
-        try:
-            src = os.open(task.src, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise os_error(exc, task.src) from None
+        src = localfs.open_source(task.src, follow=task.follow)
         try:
             if _copy_range(src, fd, offset, count, progress, cancel) < count:
                 raise TransferError(f"{task.src} shrank while staging", permanent=False)

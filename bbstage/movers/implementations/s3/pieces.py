@@ -16,7 +16,8 @@ import threading
 import time
 from typing import Any
 
-from bbstage.movers.base import FileTask, Progress, TransferError, os_error
+from bbstage.movers import localfs
+from bbstage.movers.base import FileTask, Progress, TransferError
 from bbstage.movers.implementations.s3.common import MTIME_KEY, _Counted, _first_failure
 from bbstage.movers.implementations.s3.errors import _NOT_FOUND, S3Error, split_url
 from bbstage.movers.implementations.s3.upload import S3ObjectUpload, create_window
@@ -56,10 +57,7 @@ class S3Upload(S3ObjectUpload):
         await self._sweep_pieces(s3, bucket, key, job_id, shard.group)
         offset, count = span(shard, task.size)
         piece = FileTask(task.src, f"s3://{bucket}/{pieces[shard.index]}", "file", count)
-        try:
-            fd = os.open(task.src, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise os_error(exc, task.src) from None
+        fd = localfs.open_source(task.src, follow=task.follow)
         try:
             st = os.fstat(fd)
             if (st.st_size, st.st_mtime_ns) != (task.size, task.mtime_ns):

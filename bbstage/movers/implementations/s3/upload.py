@@ -62,9 +62,12 @@ class S3ObjectUpload(_S3Mover):
                     st = os.stat(task.src)
                 except OSError as exc:
                     raise os_error(exc, task.src) from None
-                if not stat.S_ISREG(st.st_mode):
+                if not stat.S_ISREG(st.st_mode):  # a link to a FIFO, socket or device
+                    tasks.append(FileTask(task.src, task.dst, "special"))
                     continue
-                task = FileTask(task.src, task.dst, "file", st.st_size, None, st.st_mtime_ns)
+                task = FileTask(
+                    task.src, task.dst, "file", st.st_size, None, st.st_mtime_ns, follow=True
+                )
             tasks.append(task)
         if tree or glob:
             bucket, key = split_url(dst)
@@ -147,7 +150,7 @@ class S3ObjectUpload(_S3Mover):
             if stored is None:
                 return False  # uploaded without checksum=: send it again, with one
             try:
-                return stored == checksum.digest_path(self.checksum, task.src)
+                return stored == checksum.digest_path(self.checksum, task.src, follow=task.follow)
             except OSError as exc:
                 raise os_error(exc, task.src) from None
         return True
@@ -175,10 +178,7 @@ class S3ObjectUpload(_S3Mover):
     async def _copy_one(self, task: FileTask, progress: Progress) -> None:
         s3 = await self._s3()
         bucket, key = split_url(task.dst)
-        try:
-            fd = os.open(task.src, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise os_error(exc, task.src) from None
+        fd = localfs.open_source(task.src, follow=task.follow)
         counted = _Counted(progress)
         try:
             st = os.fstat(fd)

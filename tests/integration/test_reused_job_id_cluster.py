@@ -1,0 +1,92 @@
+"""A reused job id never hands over or deletes another user's kept scratch (audit #2), on the
+real cluster: slurmctld is cold-started (``-c``: its saved jobs and next job id dropped), so
+Slurm hands the same job id to another user's job.
+
+NOTE: the cold start forgets every job slurmctld knows: run this module alone, after the
+others (the cluster is brought back with ``local-cluster up`` at the end)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from tests.helpers import file_digest, process_gone, wait_until
+
+from .conftest import OTHER, USER, Cluster, as_user
+
+
+def _cold_start(cluster: Cluster) -> None:
+    """Stop slurmctld and start it again with ``-c`` (job ids start again from FirstJobId),
+    the way scripts/local-cluster starts it (chrooted for 24.11)."""
+    pid = int((cluster.dir / "run" / "slurmctld.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: process_gone(pid), 60, f"slurmctld (pid {pid}) to end")
+    conf = cluster.env["SLURM_CONF"]
+    argv = ["slurmctld", "-f", conf, "-c"]
+    if cluster.slurm != "22.05":
+        root = os.environ.get("BBSTAGE_SLURM_ROOT", "/var/tmp/bbstage-slurm-24.11-root")
+        argv = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8",
+                "chroot", root, *argv]  # fmt: skip
+    with open(cluster.dir / "log" / "slurmctld.log", "ab") as log:
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=True)
+    wait_until(
+        lambda: cluster.run("scontrol", "ping", check=False).count("UP") > 0,
+        60,
+        "slurmctld to answer",
+    )
+
+
+def test_a_reused_job_id_never_hands_over_kept_scratch(cluster: Cluster, workdir: Path) -> None:
+    (workdir / "results").mkdir()
+    as_user(workdir)
+    os.chmod(workdir, 0o755)
+    # User 1's stage-out from scratch fails (its destination is a directory it cannot
+    # write): the scratch is kept, with the results, for retention_days.
+    denied = workdir / "denied"
+    denied.mkdir(mode=0o700)  # root's
+    first = cluster.submit(
+        workdir,
+        "#!/bin/bash\n"
+        f"#BB_LUA stage_out source=$BB_SCRATCH/out.dat destination={denied}/out.dat\n"
+        'head -c 100000 /dev/urandom > "$BB_SCRATCH/out.dat"\n'
+        f'sha256sum "$BB_SCRATCH/out.dat" | cut -d" " -f1 > {workdir}/first.sha\n'
+        'echo "$BB_SCRATCH" > ' + f"{workdir}/first.scratch\n",
+    )
+    cluster.wait_gone(first, timeout=180)
+    assert "outputs kept in" in cluster.status(first)["error"]
+    scratch = Path((workdir / "first.scratch").read_text().strip())
+    assert scratch.name == first and (scratch / "out.dat").exists()
+    results = file_digest(scratch / "out.dat")
+    assert results == (workdir / "first.sha").read_text().strip()
+
+    # Job ids start again: submit as user 2 until one gets the kept job's id.
+    _cold_start(cluster)
+    other = workdir / "other"
+    other.mkdir()
+    as_user(other, OTHER)
+    probe = (
+        "#!/bin/bash\n#BB_LUA stage_in source=/etc/hostname destination=$BB_SCRATCH/h\n"
+        f'ls -A "$BB_SCRATCH" > {other}/seen.$SLURM_JOB_ID; stat -c %U "$BB_SCRATCH"'
+        f" >> {other}/seen.$SLURM_JOB_ID\n"
+    )
+    reused = None
+    for _ in range(int(first) + 5):
+        job = cluster.submit(other, probe, user=OTHER)
+        if job == first:
+            reused = job
+            break
+        cluster.run("scancel", job)
+    assert reused is not None, f"slurmctld -c never handed out job id {first} again"
+    cluster.wait_gone(reused, timeout=180)
+    assert cluster.job(reused)["JobState"] == "COMPLETED"
+    # User 2 saw a fresh directory of its own, holding only what it staged.
+    assert (other / f"seen.{reused}").read_text().split() == ["h", OTHER]
+    # User 1's results: set aside, still theirs, byte for byte; not removed by the teardown.
+    [kept] = [p for p in scratch.parent.iterdir() if p.name.startswith(f"{first}.kept-")]
+    assert kept.stat().st_uid == int(cluster.run("id", "-u", USER).strip())
+    assert oct(kept.stat().st_mode & 0o777) == oct(0o700)
+    assert file_digest(kept / "out.dat") == results
+    assert not scratch.exists()  # user 2's scratch went with its teardown
+    cluster.up()
