@@ -8,8 +8,10 @@ to the worker's ``Done`` manifest, or raises ``Cancelled`` (asked for with ``can
 A worker process drops to one user's uid, gid and groups for good, then runs that user's
 transfers one at a time. After a transfer it waits, idle, for the next one of the same
 identity (a fresh process costs more than a small transfer: docs/performance.md): a job
-array's tasks reuse it. It is retired after ``IDLE_RETIRE`` seconds idle (and exits by itself
-if the daemon goes away). A failed or cancelled transfer ends its worker.
+array's tasks reuse it. Its events come back through ``bbstage.codec`` (typed JSON frames,
+bounded): a worker runs as the user, so root never unpickles what it sends. It is retired
+after ``IDLE_RETIRE`` seconds idle (and exits by itself if the daemon goes away). A failed
+or cancelled transfer ends its worker.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from multiprocessing import forkserver
 from typing import Any
 
-from bbstage import worker
+from bbstage import codec, worker
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
 from bbstage.transfer import Done, Event, Failed, TempFile, TempsSettled, TransferSpec
@@ -188,9 +190,13 @@ class TransferExecutor:
             future.set_exception(Cancelled())
             return
         try:
-            current.conn.send(spec)
+            current.conn.send(spec)  # root -> user: a pickle from root is no risk
             while outcome is None:
-                event = current.conn.recv()
+                try:
+                    event = codec.receive(current.conn)  # user -> root: never a pickle
+                except codec.CodecError as exc:
+                    outcome = Failed(f"the worker sent a malformed event, refused: {exc}")
+                    break
                 if isinstance(event, Done | Failed):
                     outcome = event
                 elif not track_temps(temps, event):
