@@ -86,7 +86,7 @@ async def _main(config: Config) -> int:
     engine.subscribe(metrics.observe)
     server = Server(engine)
     await server.start()
-    metrics.serve(config, store, executor, config.metrics_address)
+    scrapes = await metrics.serve(config, store, executor, config.metrics_address)
     engine.resume()
     await engine.purge_expired()
     stop = asyncio.Event()
@@ -103,6 +103,8 @@ async def _main(config: Config) -> int:
     reconciling.cancel()
     recording.cancel()
     await server.close()
+    if scrapes is not None:
+        await scrapes.close()
     # Transfers stop; their state stays "running" and resumes on the next start.
     await engine.stop()
     store.close()

@@ -45,7 +45,7 @@ from typing import Any
 
 import structlog
 
-from bbstage import dask_client, fairshare, planning, remote
+from bbstage import codec, dask_client, fairshare, planning, remote
 from bbstage.config import Movers
 from bbstage.dask_client import Connection, connected
 from bbstage.identity import Identity
@@ -384,7 +384,10 @@ class DaskExecutor:
             return
         node = msg.get("node")
         # "worker" is added by Dask's log_event, "node" by run_attempt.
-        event = remote.from_json({k: v for k, v in msg.items() if k not in ("node", "worker")})
+        try:
+            event = codec.from_dict({k: v for k, v in msg.items() if k not in ("node", "worker")})
+        except codec.CodecError:
+            return
         with self._lock:
             if attempt.finished or not isinstance(event, Planned | Moved):
                 return

@@ -8,8 +8,10 @@ to the worker's ``Done`` manifest, or raises ``Cancelled`` (asked for with ``can
 A worker process drops to one user's uid, gid and groups for good, then runs that user's
 transfers one at a time. After a transfer it waits, idle, for the next one of the same
 identity (a fresh process costs more than a small transfer: docs/performance.md): a job
-array's tasks reuse it. It is retired after ``IDLE_RETIRE`` seconds idle (and exits by itself
-if the daemon goes away). A failed or cancelled transfer ends its worker.
+array's tasks reuse it. Its events come back through ``bbstage.codec`` (typed JSON frames,
+bounded): a worker runs as the user, so root never unpickles what it sends. It is retired
+after ``IDLE_RETIRE`` seconds idle (and exits by itself if the daemon goes away). A failed
+or cancelled transfer ends its worker.
 
 Transfers wait in per-user queues; ``bbstage.fairshare`` says which runs next (the executor
 only runs what it picks). A transfer that sends no event (no byte moved, no file planned)
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from multiprocessing import forkserver
 from typing import Any
 
-from bbstage import fairshare, worker
+from bbstage import codec, fairshare, worker
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
 from bbstage.movers.localfs import temp_owner
@@ -239,7 +241,7 @@ class TransferExecutor:
         if current is None:
             raise Cancelled()
         try:
-            current.conn.send(spec)
+            current.conn.send(spec)  # root -> user: a pickle from root is no risk
             last = time.monotonic()  # the worker's last event: it still moves
             while outcome is None:
                 if not current.conn.poll(max(0.0, last + self._stall_timeout - time.monotonic())):
@@ -247,7 +249,11 @@ class TransferExecutor:
                     _signal(current.proc.pid, signal.SIGTERM)  # as a cancel: SIGKILL after
                     _reap([current.proc])
                     break
-                event = current.conn.recv()
+                try:
+                    event = codec.receive(current.conn)  # user -> root: never a pickle
+                except codec.CodecError as exc:
+                    outcome = Failed(f"the worker sent a malformed event, refused: {exc}")
+                    break
                 last = time.monotonic()
                 if isinstance(event, Done | Failed):
                     outcome = event

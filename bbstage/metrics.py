@@ -3,17 +3,25 @@
 Counters and histograms count the engine's events (``observe``, which the daemon subscribes);
 gauges that describe the current state (pools, jobs, queue depth) are read from the store and
 the executor at scrape time.
+
+The endpoint (``Endpoint``) is a small HTTP/1.1 server on the daemon's event loop, not
+prometheus_client's thread-per-connection server: any local user can connect to it, and the
+daemon is root. At most ``MAX_CONNECTIONS`` connections are open; a new one beyond that
+closes the oldest that has not yet sent its whole request (so idle connections cannot keep
+a scrape out), and a request head must arrive within ``READ_TIMEOUT`` seconds (a slowloris
+is closed). The page is prometheus_client's ``generate_latest``, one at a time, in a thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import pwd
 import threading
 from collections.abc import Iterator
 from typing import Protocol
 
 import structlog
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -116,16 +124,84 @@ class StateCollector(Collector):
         yield reserved
 
 
-def serve(config: Config, store: Store, executor: Queue, address: str) -> None:
-    """Start the HTTP endpoint (a daemon thread) on ``host:port``; empty address: off."""
+MAX_CONNECTIONS = 64  # open at once
+READ_TIMEOUT = 5.0  # seconds for a connection to send its whole request head
+WRITE_TIMEOUT = 10.0  # seconds for it to take the answer
+MAX_HEAD = 8192  # bytes of a request head
+
+
+class Endpoint:
+    """The HTTP endpoint on the event loop: ``GET /metrics`` (or ``/``), bounded."""
+
+    def __init__(self) -> None:
+        self._open: dict[asyncio.Task[None], None] = {}  # oldest first
+        self._reading: dict[asyncio.Task[None], None] = {}  # those still reading their head
+        self._page = asyncio.Lock()  # one page generated at a time
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._open):
+                task.cancel()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        if len(self._open) >= MAX_CONNECTIONS:
+            if not self._reading:  # all busy answering: this one waits for no one
+                writer.transport.abort()
+                return
+            oldest = next(iter(self._reading))  # idle or slow: it makes room
+            self._reading.pop(oldest)
+            self._open.pop(oldest)
+            oldest.cancel()
+        self._open[task] = self._reading[task] = None
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
+            finally:
+                self._reading.pop(task, None)
+            writer.write(await self._answer(head))
+            await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT)
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass  # slow, cut short, too long or gone: closed below
+        finally:
+            self._open.pop(task, None)
+            writer.transport.abort()
+
+    async def _answer(self, head: bytes) -> bytes:
+        method, target = (head.split(b"\r\n", 1)[0].split(b" ") + [b"", b""])[:2]
+        if method not in (b"GET", b"HEAD"):
+            return _response(b"405 Method Not Allowed", b"text/plain", b"GET only\n", method)
+        if target.split(b"?", 1)[0] not in (b"/metrics", b"/"):
+            return _response(b"404 Not Found", b"text/plain", b"see /metrics\n", method)
+        async with self._page:
+            page = await asyncio.to_thread(generate_latest, REGISTRY)
+        return _response(b"200 OK", CONTENT_TYPE_LATEST.encode(), page, method)
+
+
+def _response(status: bytes, kind: bytes, body: bytes, method: bytes) -> bytes:
+    head = b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+    return head % (status, kind, len(body)) + (body if method != b"HEAD" else b"")
+
+
+async def serve(config: Config, store: Store, executor: Queue, address: str) -> Endpoint | None:
+    """Start the HTTP endpoint on ``host:port`` on the running loop; empty address: off."""
     if not address:
-        return
+        return None
     host, _, port = address.rpartition(":")
     REGISTRY.register(StateCollector(config, store, executor))
+    endpoint = Endpoint()
     try:
-        start_http_server(int(port), addr=host or "127.0.0.1")
+        await endpoint.start(host or "127.0.0.1", int(port))
     except OSError as exc:  # staging matters more than metrics: keep running
         log.error("metrics endpoint not started", address=address, error=str(exc))
+        return None
+    return endpoint
 
 
 def observe(event: EngineEvent) -> None:

@@ -4,7 +4,8 @@
 changes its own identity: it starts ``python -m bbstage.remote`` as a child process that
 the kernel starts as the job's user (``Popen(user=, group=, extra_groups=)``, in a new
 session), hands it the ``TransferSpec`` on stdin and reads its events back as JSON lines
-on stdout. JSON, not pickle: the child runs as the user, who can ptrace it and write
+on stdout (``bbstage.codec``, strict: a line that is not exactly one known event fails the
+attempt). JSON, not pickle: the child runs as the user, who can ptrace it and write
 anything to that pipe, and unpickling that in root would give them the node.
 
 Events reach the daemon through the worker's ``log_event`` on the attempt's topic
@@ -18,7 +19,6 @@ attempt's outcome is final there.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pickle
@@ -28,9 +28,9 @@ import subprocess
 import sys
 import threading
 import time
-import typing
 from typing import Any
 
+from bbstage import codec
 from bbstage.identity import Identity, IdentityError
 from bbstage.transfer import (
     Done,
@@ -64,53 +64,6 @@ def events(attempt: str) -> tuple[str, str]:
     """Both ``distributed.Event`` names of the attempt (the daemon deletes them once it is
     over)."""
     return cancel_event(attempt), started_event(attempt)
-
-
-def to_json(event: Event) -> dict[str, Any]:
-    """An event as a msgpack/JSON-able dict (``log_event`` and the child's pipe)."""
-    return {"type": type(event).__name__, **vars(event)}
-
-
-def _fields(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-# Every event type of bbstage.transfer, with its fields' types (follows that module).
-_TYPES: dict[str, tuple[type, dict[str, Any]]] = {
-    t.__name__: (t, _fields(t)) for t in typing.get_args(Event)
-}
-
-
-def _value(value: Any, hint: Any) -> Any:
-    """``value`` as a ``hint`` (int, bool, str or tuple[str, ...]); ValueError if it is not."""
-    if hint in (int, bool, str) and type(value) is hint:
-        return value
-    if typing.get_origin(hint) is tuple and isinstance(value, list | tuple):
-        item = typing.get_args(hint)[0]
-        if all(type(v) is item for v in value):
-            return tuple(value)
-    raise ValueError(f"{value!r} is not a {hint}")
-
-
-_REQUIRED = {
-    t: {f.name for f in dataclasses.fields(t) if f.default is dataclasses.MISSING}
-    for t, _ in _TYPES.values()
-}
-
-
-def from_json(data: Any) -> Event | None:
-    """The event a dict describes, or None if it is not exactly one (it came from a
-    process the user controls: only the known fields of the known types, typed)."""
-    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
-        return None
-    cls, fields = _TYPES.get(data["type"], (None, {}))
-    if cls is None or not set(data) <= {"type", *fields} or not _REQUIRED[cls] <= set(data):
-        return None  # a field with a default may be missing (a sender one version older)
-    try:
-        return cls(**{k: _value(data[k], t) for k, t in fields.items() if k in data})
-    except ValueError:
-        return None
 
 
 # --------------------------------------------------------------------------------------
@@ -152,7 +105,7 @@ def run_attempt(
         return released or cancel.is_set()
 
     def send(event: Event) -> None:
-        worker.log_event(attempt, {"node": node, **to_json(event)})
+        worker.log_event(attempt, {"node": node, **codec.to_dict(event)})
 
     outcome, planned = run_child(spec, identity, send, cancelled)
     result["planned"], result["outcome"] = planned, outcome
@@ -210,13 +163,20 @@ def run_child(
     planned: Planned | None = None
     outcome: Done | Failed | None = None
     try:
-        for line in child.stdout:
+        while True:
+            line = child.stdout.readline(codec.MAX_FRAME + 1)
+            if not line:
+                break
             try:
-                event = from_json(json.loads(line))
-            except ValueError:
-                event = None
-            if event is None:
-                continue
+                if len(line) > codec.MAX_FRAME:
+                    raise codec.CodecError(f"a line over {codec.MAX_FRAME} bytes")
+                if not line.endswith(b"\n"):
+                    raise codec.CodecError("a line cut short")
+                event = codec.decode(line[:-1])
+            except codec.CodecError as exc:
+                outcome = Failed(f"the transfer process sent a malformed event, refused: {exc}")
+                kill_group(child)
+                break
             if isinstance(event, TempFile):
                 temps.add(event.path)
             elif isinstance(event, TempsSettled):  # renamed or removed: not ours now
@@ -320,7 +280,8 @@ class _Lines:
         self._out = sys.stdout.buffer
 
     def send(self, event: Event) -> None:
-        self._out.write(json.dumps(to_json(event)).encode() + b"\n")
+        for frame in codec.frames(event):
+            self._out.write(frame + b"\n")
         self._out.flush()
 
 

@@ -22,7 +22,12 @@ def _no_wait(_key: str) -> str | None:
 
 def may_see(config_admin_group: str | None, caller_uid: int, job: JobRow) -> bool:
     """Root, members of the admin group and the job's owner see a job; nobody else."""
-    if caller_uid == 0 or caller_uid == job.uid:
+    return caller_uid == job.uid or is_admin(config_admin_group, caller_uid)
+
+
+def is_admin(config_admin_group: str | None, caller_uid: int) -> bool:
+    """Root, or a member of the admin group: sees every job."""
+    if caller_uid == 0:
         return True
     if not config_admin_group:
         return False

@@ -152,6 +152,9 @@ class Store:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
+        self._path = path
+        self._reader: sqlite3.Connection | None = None  # jobs_of's own (read) connection
+        self._read_lock = threading.Lock()
         self._cache: dict[str, JobRow] = {}
         self._db.execute("PRAGMA journal_mode=WAL")
         private_database(path)  # -wal, -shm: SQLite gives them the database's mode
@@ -205,6 +208,9 @@ class Store:
     def close(self) -> None:
         self._closed.set()
         self._checkpointer.join()
+        with self._read_lock:
+            if self._reader is not None:
+                self._reader.close()
         with self._lock:
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._db.close()
@@ -308,17 +314,26 @@ class Store:
             args += (updated_since,)
         where = f" WHERE {' AND '.join(terms)}" if terms else ""
         with self._lock:
-            rows = self._db.execute(f"SELECT * FROM jobs{where} ORDER BY created", args)
-            jobs = {r["job_id"]: JobRow(**dict(r)) for r in rows}
-            if jobs:
-                for r in self._db.execute(
-                    "SELECT * FROM directives WHERE job_id IN"
-                    f" (SELECT job_id FROM jobs{where}) ORDER BY job_id, idx",
-                    args,
-                ):
-                    if r["job_id"] in jobs:
-                        jobs[r["job_id"]].directives.append(_directive(r))
-        return list(jobs.values())
+            return _jobs(self._db, where, args)
+
+    def jobs_of(self, uid: int | None) -> list[JobRow]:
+        """``uid``'s jobs (every job for None), oldest first, for ``bbstage jobs``: through a
+        connection of its own, in one read transaction, so a long list (every job kept for
+        ``retention_days``) neither waits for the daemon's writes nor holds them up (WAL);
+        call it in a thread."""
+        where, args = (" WHERE uid = ?", (uid,)) if uid is not None else ("", ())
+        with self._read_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(
+                    self._path, check_same_thread=False, isolation_level=None
+                )
+                self._reader.row_factory = sqlite3.Row
+                self._reader.execute("PRAGMA busy_timeout=10000")
+            self._reader.execute("BEGIN")
+            try:
+                return _jobs(self._reader, where, args)
+            finally:
+                self._reader.execute("COMMIT")
 
     def finished_before(
         self, cutoff: float, states: tuple[str, ...]
@@ -440,6 +455,21 @@ def _text(value: Any, column: str = "") -> Any:
     if not isinstance(value, str):
         return value
     return bounded(value) if column == "error" else printable(value)
+
+
+def _jobs(db: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[JobRow]:
+    """The jobs ``where`` selects, with their directives: two queries."""
+    rows = db.execute(f"SELECT * FROM jobs{where} ORDER BY created", args)
+    jobs = {r["job_id"]: JobRow(**dict(r)) for r in rows}
+    if jobs:
+        for r in db.execute(
+            "SELECT * FROM directives WHERE job_id IN"
+            f" (SELECT job_id FROM jobs{where}) ORDER BY job_id, idx",
+            args,
+        ):
+            if r["job_id"] in jobs:
+                jobs[r["job_id"]].directives.append(_directive(r))
+    return list(jobs.values())
 
 
 def _directive(row: sqlite3.Row) -> DirectiveRow:

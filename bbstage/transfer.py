@@ -7,9 +7,10 @@ a bounded window ahead of the copy, so a tree is never held whole — and once `
 the walk has ended), ``Moved`` now and then, ``TempFile`` for each named temporary file
 before it is created and ``TempsSettled`` in batches once they were renamed or removed, and
 one outcome, ``Done`` (the manifest of what it put in place, always after the final
-``Planned``) or ``Failed``. All are frozen dataclasses of plain values, so they pickle over a
-pipe or a network unchanged. An executor that runs attempts on transfer nodes (Dask) also
-tells the engine about each with ``AttemptUpdate``, which no worker sends.
+``Planned``) or ``Failed``. All are frozen dataclasses of plain values; the events come back
+to root through ``bbstage.codec`` (typed JSON, never a pickle: a worker runs as the user).
+An executor that runs attempts on transfer nodes (Dask) also tells the engine about each
+with ``AttemptUpdate``, which no worker sends.
 """
 
 from __future__ import annotations

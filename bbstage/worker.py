@@ -19,10 +19,11 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from multiprocessing import forkserver, resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from bbstage import movers, planning, ranges, retrying, walkproc
+from bbstage import codec, movers, planning, ranges, retrying, walkproc
 from bbstage.identity import Identity
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, localfs
 from bbstage.transfer import (
@@ -121,6 +122,7 @@ def serve(conn: Connection, identity: Identity, daemon: int | None = None) -> No
     one at a time, until it sends ``None``, closes the pipe, or sends nothing for
     ``IDLE_EXIT`` seconds. SIGTERM cancels the running transfer and ends the process; so
     does the end of the ``daemon`` process, if given."""
+    _close_roots_pipes()
     cancel = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: cancel.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -128,10 +130,11 @@ def serve(conn: Connection, identity: Identity, daemon: int | None = None) -> No
         # The daemon may run with a raised priority (Nice=-10) to answer hooks promptly;
         # copying never outranks the node's normal work.
         os.setpriority(os.PRIO_PROCESS, 0, 0)
+    pipe = codec.Pipe(conn)
     try:
         _become(identity)
     except Exception as exc:
-        conn.send(Failed(f"could not assume the job owner's identity: {exc}"))
+        pipe.send(Failed(f"could not assume the job owner's identity: {exc}"))
         conn.close()
         return
     if daemon is not None:
@@ -141,7 +144,7 @@ def serve(conn: Connection, identity: Identity, daemon: int | None = None) -> No
             spec = conn.recv()
             if spec is None:
                 return
-            transfer(spec, Reporter(conn), cancel)
+            transfer(spec, Reporter(pipe), cancel)
             if cancel.is_set():
                 return  # SIGTERM: the transfer was stopped; so is the process
     except (EOFError, OSError):
@@ -162,6 +165,21 @@ def transfer(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) ->
         reporter.send(Failed(str(exc), exc.permanent))
     except Exception as exc:  # a bug: report it rather than die silently
         reporter.send(Failed(f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def _close_roots_pipes() -> None:
+    """Close the two pipes of root's that the forkserver hands every process it starts
+    (CPython 3.11 ``forkserver._serve_one``), before this one runs anything as the user: the
+    write end of root's resource tracker (a line there makes root unlink the shared memory or
+    semaphore it names when the daemon exits) and of the forkserver's alive pipe (a byte
+    there ends the forkserver). Should this process ever need a resource tracker, it starts
+    its own, as the user."""
+    tracker = resource_tracker._resource_tracker
+    for fd in (tracker._fd, forkserver._forkserver._forkserver_alive_fd):  # type: ignore[attr-defined]
+        if fd is not None:
+            os.close(fd)
+    tracker._fd = tracker._pid = None  # type: ignore[attr-defined]
+    forkserver._forkserver._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
 def _die_with(daemon: int) -> None:
@@ -416,6 +434,7 @@ def _copy_batch(
 
 def cleanup(paths: list[str], identity: Identity) -> None:
     """Remove temporary files left by a killed worker, as the user who wrote them."""
+    _close_roots_pipes()
     identity.assume()
     for path in paths:
         try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -40,6 +42,61 @@ def test_metrics_are_scraped_over_http(staged: tuple[Daemon, int]) -> None:
     assert 'bbstage_jobs{state="staged_in"} 1.0' in text
     assert "bbstage_transfers_queued 0.0" in text
     assert 'bbstage_hook_requests_total{hook="data_in",status="ok"} 1.0' in text
+
+
+def _threads(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Threads:")).split()[1])
+
+
+def test_idle_metrics_connections_stop_neither_a_scrape_nor_the_hooks(
+    staged: tuple[Daemon, int],
+) -> None:
+    """2,000 connections that send nothing (any local user can open them): the daemon keeps
+    a bounded number of threads (it had one per connection), a scrape is answered and so is
+    a hook."""
+    d, port = staged
+    before = _threads(d.proc.pid)
+    idle = []
+    try:
+        for _ in range(2000):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        assert b'bbstage_jobs{state="staged_in"} 1.0' in text
+        uid, gid = user_ids()
+        job = script(d.root / "job2.sh")
+        started = time.monotonic()
+        assert (
+            d.hook("slurm_bb_setup", "202", str(uid), str(gid), "scratch", "1048576", job)[0] == 0
+        )
+        assert time.monotonic() - started < 5
+        assert _threads(d.proc.pid) < before + 20, (before, _threads(d.proc.pid))
+        assert len(list(Path(f"/proc/{d.proc.pid}/fd").iterdir())) < 500
+    finally:
+        for each in idle:
+            each.close()
+
+
+def test_a_slow_metrics_request_is_closed_after_the_read_timeout(
+    staged: tuple[Daemon, int],
+) -> None:
+    """A slowloris (a header line a second, never the end of the head) is closed within the
+    read timeout (5 s), not held for ever."""
+    _, port = staged
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as slow:
+        slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        closed = False
+        while not closed and time.monotonic() - started < 9:
+            try:
+                slow.sendall(b"X-Slow: 1\r\n")
+                slow.settimeout(1)
+                closed = slow.recv(1) == b""
+            except TimeoutError:
+                pass
+            except OSError:
+                closed = True
+        assert closed and time.monotonic() - started < 7
 
 
 def test_jobs_and_pools_per_identity(staged: tuple[Daemon, int]) -> None:

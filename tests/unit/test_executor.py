@@ -218,3 +218,82 @@ def test_a_worker_drops_roots_aws_variables_and_takes_the_users_home(
     assert parent.poll(10)
     assert parent.recv() == ([], pwd.getpwuid(NOBODY.uid).pw_dir)
     proc.join(10)
+
+
+class _MakesADirectory:
+    """A pickle that runs ``os.mkdir(path)`` in whoever unpickles it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (os.mkdir, (self.path,))
+
+
+def _hostile(monkeypatch: pytest.MonkeyPatch, ex: TransferExecutor, answer: object) -> None:
+    """Workers of ``ex`` that take the spec and answer ``answer`` (bytes as one raw message,
+    else pickled with ``Connection.send``) as a worker the user took over could: forked, so
+    the stand-in needs no import in the forkserver."""
+
+    def serve(conn: object, identity: Identity, daemon: int | None = None) -> None:
+        conn.recv()  # type: ignore[attr-defined]
+        if isinstance(answer, bytes):
+            conn.send_bytes(answer)  # type: ignore[attr-defined]
+        else:
+            conn.send(answer)  # type: ignore[attr-defined]
+        time.sleep(0.5)  # root reads it before the pipe closes
+
+    monkeypatch.setattr(ex, "_ctx", multiprocessing.get_context("fork"))
+    monkeypatch.setattr(worker, "serve", serve)
+
+
+def test_a_worker_that_sends_a_pickle_is_refused_and_nothing_is_unpickled(
+    area: Path, executor: TransferExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root never unpickles a worker's answer: the crafted object's __reduce__ would create
+    a directory in root; the transfer fails, naming the refusal, and nothing is created."""
+    made = area / "made-by-root"
+    _hostile(monkeypatch, executor, _MakesADirectory(str(made)))
+    with pytest.raises(TransferError, match="malformed event, refused: not JSON"):
+        stage(executor, "1:0", source(area), area / "out")
+    assert not made.exists()
+    assert executor.idle == 0
+
+
+@pytest.mark.parametrize(
+    "answer, why",
+    [
+        (b"x" * ((1 << 20) + 1), "over 1048576 bytes"),
+        (b'{"type":"Done","bytes":-1,"files":1}', "-1 is out of range"),
+        (b'{"type":"Done","bytes":1,"files":1,"x":0}', "fields of Done"),
+        (b'{"type":"Exec","cmd":"id"}', "unknown event type"),
+    ],
+    ids=["too-long", "negative", "extra-field", "unknown-type"],
+)
+def test_a_worker_that_sends_anything_but_an_exact_event_fails_its_transfer(
+    area: Path, executor: TransferExecutor, monkeypatch: pytest.MonkeyPatch, answer: bytes, why: str
+) -> None:
+    _hostile(monkeypatch, executor, answer)
+    with pytest.raises(TransferError, match=f"malformed event, refused: .*{why}"):
+        stage(executor, "1:0", source(area), area / "out")
+    assert not (area / "out").exists()
+
+
+def _pipe_inode(fd: int) -> str:
+    return f"pipe:[{os.fstat(fd).st_ino}]"
+
+
+def test_a_worker_holds_none_of_roots_pipes(area: Path, executor: TransferExecutor) -> None:
+    """The forkserver hands each child root's resource-tracker pipe (a line there makes root
+    unlink what it names) and the forkserver's alive pipe: a worker closes both first."""
+    from multiprocessing import forkserver, resource_tracker
+
+    roots = {
+        _pipe_inode(resource_tracker._resource_tracker._fd),  # type: ignore[attr-defined]
+        _pipe_inode(forkserver._forkserver._forkserver_alive_fd),  # type: ignore[attr-defined]
+    }
+    stage(executor, "1:0", source(area), area / "out")
+    pid = executor._idle[0].proc.pid
+    held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    assert (area / "out").read_bytes() == b"hello"
+    assert not roots & held, f"the worker holds root's {roots & held}"

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from bbstage import config
-from bbstage.movers import MoverOptions
+from bbstage.movers import MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
+from bbstage.movers.implementations.s3.settings import check_endpoint
 
 
 def load(tmp_path: Path, text: str) -> config.Config:
@@ -95,3 +96,53 @@ def test_daemon_keys_of_the_right_type_load(tmp_path: Path) -> None:
     )
     assert (cfg.transfers, cfg.retention_days, cfg.reconcile_interval) == (2, 7.0, 2.5)
     assert cfg.log_level == "debug"
+
+
+def test_allowed_endpoints(tmp_path: Path) -> None:
+    """The site's endpoint_url and the listed endpoints; host:port means https; http only
+    when listed as http://; AWS's own https endpoints only where the site names none."""
+    site = s3_settings(
+        tmp_path,
+        'endpoint_url = "https://s3.example.org"\n'
+        'allowed_endpoints = ["rgw2.example.org:7480", "http://10.0.0.5:8000", "HTTPS://S3.Lab"]',
+    )
+    for ok in (
+        "https://s3.example.org",
+        "https://s3.example.org:443/",
+        "https://rgw2.example.org:7480",
+        "http://10.0.0.5:8000",
+        "https://s3.lab",
+    ):
+        check_endpoint(site, ok, "test")
+    for refused in (
+        "http://s3.example.org",
+        "http://rgw2.example.org:7480",
+        "https://10.0.0.5:8000",
+        "http://10.0.0.5:8001",
+        "https://s3.lab:8443",
+        "http://169.254.169.254",
+        "https://s3.us-east-1.amazonaws.com",  # the site named its own endpoint
+        "not a url",
+    ):
+        with pytest.raises(TransferError, match=r"not allowed .*\[s3\] allowed_endpoints"):
+            check_endpoint(site, refused, "test")
+    aws = s3_settings(tmp_path, "region = 'eu-west-1'")
+    check_endpoint(aws, "https://s3.eu-west-1.amazonaws.com", "test")
+    for refused in ("http://s3.amazonaws.com", "https://amazonaws.com.evil.org", "https://x"):
+        with pytest.raises(TransferError, match="not allowed"):
+            check_endpoint(aws, refused, "test")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'allowed_endpoints = "s3.example.org"',
+        'allowed_endpoints = ["ftp://s3.example.org"]',
+        'allowed_endpoints = ["s3.example.org:port"]',
+        "allowed_endpoints = [9000]",
+        'endpoint_url = "s3 example"',
+    ],
+)
+def test_bad_endpoints_are_config_errors(tmp_path: Path, line: str) -> None:
+    with pytest.raises(config.ConfigError, match=r"\[s3\] (allowed_endpoints|endpoint_url): "):
+        load(tmp_path, f"[s3]\n{line}\n")

@@ -147,11 +147,66 @@ def test_profiles_from_the_users_own_aws_files(
     with pytest.raises(TransferError, match="no S3 profile 'other' in ~/.aws/credentials") as e:
         run(str(tmp_path / "f"), f"s3://{bucket}/f", endpoint, ex={"s3": s3, "profile": "other"})
     assert e.value.permanent
-    # A profile's endpoint_url in ~/.aws/config wins over the site's [s3] endpoint_url.
+    # A profile's endpoint_url in ~/.aws/config wins over the site's [s3] endpoint_url, when
+    # the site allows it.
     (aws / "config").write_text(f"[profile lab]\nendpoint_url = {endpoint}\n")
     bad = {"endpoint_url": "http://127.0.0.1:9", "connect_timeout": 1}
+    bad["allowed_endpoints"] = [endpoint]
     run(f"s3://{bucket}/f", str(tmp_path / "g"), endpoint, ex={"s3": bad, "profile": "lab"})
     assert (tmp_path / "g").read_text() == "data"
+
+
+class _Listener:
+    """A TCP port on 127.0.0.1 that counts the connections made to it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+
+def test_a_users_own_endpoint_must_be_one_the_site_allows(
+    tmp_path: Path, endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SSRF: a user's endpoint_url (~/.aws/config) that the site did not allow is refused
+    before any request, naming it and the key to set; http:// only when listed as such."""
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".aws").mkdir()
+    inside = _Listener()  # a host of the management network, say
+    (tmp_path / ".aws" / "config").write_text(
+        f"[default]\nendpoint_url = http://127.0.0.1:{inside.port}\n"
+    )
+    src, dst = f"s3://{bucket}/f", str(tmp_path / "g")
+    refused = (
+        rf"S3 endpoint http://127.0.0.1:{inside.port} \(endpoint_url of \[default\] in"
+        r" ~/.aws/config of user \w+\) is not allowed on this site: the administrator may add"
+        r" it to \[s3\] allowed_endpoints in the daemon config"
+    )
+    for allowed in ([], [f"127.0.0.1:{inside.port}"], [f"https://127.0.0.1:{inside.port}"]):
+        s3 = {"endpoint_url": endpoint, "connect_timeout": 1, "allowed_endpoints": allowed}
+        with pytest.raises(TransferError, match=refused) as e:
+            run(src, dst, endpoint, ex={"s3": s3, "credentials": CREDS})
+        assert e.value.permanent
+    assert inside.connections == 0 and not (tmp_path / "g").exists()
+    # Listed with its scheme: the transfer goes there.
+    s3 = {"endpoint_url": endpoint, "allowed_endpoints": [f"http://127.0.0.1:{inside.port}"]}
+    s3["connect_timeout"] = s3["read_timeout"] = s3["retries"] = 1
+    with pytest.raises(TransferError):
+        run(src, dst, endpoint, ex={"s3": s3, "credentials": CREDS})
+    assert inside.connections > 0
+    inside.sock.close()
 
 
 ROLE_KEYS = {

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +37,38 @@ def test_jobs_by_state_with_their_directives(tmp_path: Path) -> None:
     assert [j.job_id for j in store.jobs()] == ["100", "101", "102", "103", "104"]
     assert store.jobs(()) == []
     assert store.jobs(("running",))[1].directives == store.job("104").directives  # type: ignore[union-attr]
+
+
+def test_jobs_of_a_user_are_selected_in_sql_on_a_connection_of_their_own(tmp_path: Path) -> None:
+    """``bbstage jobs``: a user's own jobs only (all for None), read while the daemon's own
+    connection is held (its lock taken, as by a write in progress)."""
+    store = store_with_jobs(tmp_path)
+    store.create_job("200", uid=1001, gid=1001, pool=None, size=0, scratch=None,
+                     directives=[directive(0)])  # fmt: skip
+    read: dict[int | None, list[Any]] = {}
+
+    def jobs_of() -> None:
+        for uid in (1000, 1001, None):
+            read[uid] = store.jobs_of(uid)
+
+    with store._lock:
+        reader = threading.Thread(target=jobs_of)
+        reader.start()
+        reader.join(10)
+        assert not reader.is_alive(), "jobs_of waited for the daemon's own connection"
+    mine, theirs, every = read[1000], read[1001], read[None]
+    assert [j.job_id for j in mine] == ["100", "101", "102", "103", "104"]
+    assert [[d.idx for d in j.directives] for j in mine] == [
+        [],
+        [0],
+        [0, 1],
+        [0, 1, 2],
+        [0, 1, 2, 3],
+    ]
+    assert [(j.job_id, j.uid) for j in theirs] == [("200", 1001)]
+    assert [j.job_id for j in every] == [j.job_id for j in store.jobs()]
+    assert store.jobs_of(4242) == []
+    store.close()
 
 
 def test_jobs_updated_since(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from bbstage.movers.implementations.s3.errors import S3Error, _user, translate
 from bbstage.movers.implementations.s3.fast import FastS3, is_obstore_error, translate_obstore
 from bbstage.movers.implementations.s3.head import DirectHead
 from bbstage.movers.implementations.s3.listing import DirectList
-from bbstage.movers.implementations.s3.settings import S3Settings
+from bbstage.movers.implementations.s3.settings import S3Settings, check_endpoint
 from bbstage.movers.implementations.s3.timestamps import parse_timestamp
 
 T = TypeVar("T")
@@ -76,8 +76,10 @@ class _S3Mover(Mover):
 
     async def _s3(self) -> Any:
         if self._client is None:
-            self._client = await self._filesystem().set_session()
-            self.endpoint = self._client.meta.endpoint_url
+            client = await self._filesystem().set_session()
+            # Before any request: the user's own endpoint_url must be one the site allows.
+            check_endpoint(self.settings, client.meta.endpoint_url, self._endpoint_from())
+            self._client, self.endpoint = client, client.meta.endpoint_url
             self._part_slots = asyncio.Semaphore(self.settings.max_concurrency)
             self._held = ByteBudget(HELD)
             if FastS3.available(self.settings, self.endpoint or ""):
@@ -225,8 +227,14 @@ class _S3Mover(Mover):
     async def _copy_one(self, task: FileTask, progress: Progress) -> None:
         raise NotImplementedError
 
+    def _endpoint_from(self) -> str:
+        """Where a refused endpoint came from, for its message."""
+        profile = f"profile {self.profile}" if self.profile else "default"
+        return f"endpoint_url of [{profile}] in ~/.aws/config of user {_user()}"
+
     def remove(self, url: str) -> None:
         """Delete ``url`` and everything under it (for tools that clean up what they wrote)."""
+        self._run(self._s3)  # the endpoint checked
         fs = self._filesystem()
         keys = self._run(lambda: fs._find(url.removeprefix("s3://")))
         if keys:

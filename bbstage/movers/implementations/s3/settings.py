@@ -9,6 +9,7 @@ from __future__ import annotations
 import configparser
 import pwd
 import re
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,8 @@ class S3Settings:
     payload_signing: bool = False  # SHA-256 of every upload body (costs CPU; TLS covers it)
     checksums: str = "when_required"  # botocore's request/response checksum calculation
     file_mode: int = 0o644  # mode of downloaded files (directories get the x bits too)
+    # Endpoints a user's own endpoint_url (~/.aws/config) may name, besides endpoint_url
+    allowed_endpoints: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, raw: dict[str, Any]) -> S3Settings:
@@ -78,7 +81,17 @@ class S3Settings:
                     if value not in ("path", "virtual", "auto"):
                         raise ValueError("use path, virtual or auto")
                     kwargs[key] = value
-                elif key in ("endpoint_url", "region"):
+                elif key == "allowed_endpoints":
+                    if not isinstance(value, list):
+                        raise ValueError(f"{value!r}: use a list of URLs or host:port")
+                    for each in value:
+                        _endpoint(each)  # ValueError if it is not one
+                    kwargs[key] = tuple(value)
+                elif key == "endpoint_url":
+                    if value:
+                        _endpoint(value)
+                    kwargs[key] = str(value) or None
+                elif key == "region":
                     kwargs[key] = str(value) or None
                 else:
                     raise TransferError(
@@ -90,6 +103,45 @@ class S3Settings:
         if settings.part_size < 5 * MiB:
             raise TransferError("daemon config [s3] part_size: S3 needs at least 5M")
         return settings
+
+
+def _endpoint(value: Any) -> tuple[str, str, int]:
+    """(scheme, host, port) of an endpoint: a URL (``https://s3.example.org``,
+    ``http://10.0.0.5:7480``) or ``host:port`` (https); ValueError if it is neither."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{value!r} is not a URL (https://host[:port]) or host:port")
+    url = urllib.parse.urlsplit(value if "://" in value else f"https://{value}")
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+        url = url._replace(scheme="")  # refused below
+    host = url.hostname or ""
+    if url.scheme not in ("http", "https") or not re.fullmatch(r"[0-9a-z._:-]+", host):
+        raise ValueError(f"{value!r} is not a URL (https://host[:port]) or host:port")
+    return url.scheme, host, port or (443 if url.scheme == "https" else 80)
+
+
+def check_endpoint(settings: S3Settings, endpoint: str, whose: str) -> None:
+    """Refuse an S3 endpoint the site has not allowed: ``endpoint`` is the one the user's
+    client would use (their own ``endpoint_url`` in ``~/.aws/config`` wins over ``[s3]``).
+    Allowed: ``[s3] endpoint_url``; each of ``[s3] allowed_endpoints`` (``host:port`` means
+    https; an ``http://`` endpoint only when listed as such); and, where ``[s3] endpoint_url``
+    is unset, AWS's own https endpoints (``*.amazonaws.com``)."""
+    try:
+        wanted = _endpoint(endpoint)
+    except ValueError:
+        wanted = ("", "", 0)
+    allowed = {_endpoint(e) for e in settings.allowed_endpoints}
+    if settings.endpoint_url:
+        allowed.add(_endpoint(settings.endpoint_url))
+    elif wanted[0] == "https" and wanted[1].endswith((".amazonaws.com", ".amazonaws.com.cn")):
+        return
+    if wanted not in allowed:
+        raise TransferError(
+            f"S3 endpoint {endpoint} ({whose}) is not allowed on this site: the"
+            " administrator may add it to [s3] allowed_endpoints in the daemon config"
+        )
 
 
 def parse_mode(value: Any) -> int:
