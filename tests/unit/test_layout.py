@@ -16,6 +16,7 @@ MAX_LINES = 450
 LONG_MODULES = {
     "bbstage.directives": "the grammar, check for check in step with lua/bbstage/directives.lua",
     "bbstage.engine": "the per-job state machine, one method per hook, read as one",
+    "bbstage.state": "the durable store (SQLite schema, its writes and its reads), read as one",
     "bbstage.dask_executor": "one attempt's life on Dask (submit, events, settle), read as one;"
     " its fair-share gate is the policy of bbstage/fairshare.py applied before submit",
 }
