@@ -162,3 +162,33 @@ def test_a_plugin_that_names_no_lua_gives_sources_only(tmp_path: Path) -> None:
     assert (
         missing.stderr == f"bbstage install-lua: --slurm-plugin {tmp_path}/nope.so: no such file\n"
     )
+
+
+ARRAY_DRIVER = r"""
+local etc, script = arg[1], arg[2]
+slurm = { SUCCESS = 0, ERROR = -1, log_info = function() end, log_error = function() end }
+dofile(etc .. "/burst_buffer.lua")
+-- Slurm pushes job_info numbers with lua_pushnumber: under Lua 5.3+ a float, as here
+local rc, message = slurm_bb_setup("129", "1000", "1000", "scratch", "0", script,
+	{ array_job_id = 123.0 })
+io.write(tostring(rc), " ", tostring(message), "\n")
+"""
+
+
+@pytest.mark.parametrize("lua", ["lua5.1", "lua5.4"])
+def test_an_array_tasks_script_is_found_by_an_integer_array_id(lua: str, tmp_path: Path) -> None:
+    """A split-off task's script is read from the array's directory: hash.3/job.123, never
+    the hash.3.0/job.123.0 a float would give."""
+    assert install(tmp_path, "--lua", version(lua)).returncode == 0
+    array = tmp_path / "hash.3" / "job.123"
+    array.mkdir(parents=True)
+    (array / "script").write_text("#!/bin/sh\ntrue\n")
+    task = tmp_path / "hash.9" / "job.129" / "script"  # not there yet (bbstage/slurmdirs.py)
+    driver = tmp_path / "driver.lua"
+    driver.write_text(ARRAY_DRIVER)
+    res = subprocess.run(
+        [interpreter(lua), str(driver), str(tmp_path / "etc"), str(task)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    # the script was read; the request then finds no daemon (none runs here)
+    assert res.stdout.startswith("-1 staging daemon not reachable"), res
