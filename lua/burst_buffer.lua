@@ -13,9 +13,10 @@ Install with `bbstage install-lua --dest <dir of slurm.conf>`, which also writes
 bbstage_site.lua (socket path and pools) from the daemon's config file.
 --]]
 
--- Installed, the generated burst_buffer.lua passes its directory and the modules' suffix
--- (".luac" when compiled for this Lua); run as burst_buffer.lua itself, the sources are used.
-local HERE, SUFFIX = ...
+-- Installed, the generated burst_buffer.lua passes its directory, the modules' suffix (".luac"
+-- when compiled for this Lua) and the modules bundled into this file (directives: one file
+-- less for job_process to load); run as burst_buffer.lua itself, the sources are read.
+local HERE, SUFFIX, BUNDLED = ...
 if type(HERE) ~= "string" then
 	HERE, SUFFIX = debug.getinfo(1, "S").source:match("^@(.*/)") or "./", ".lua"
 end
@@ -29,6 +30,7 @@ end
 -- Load lua/bbstage/<name>.lua (installed: .luac). Bytecode that does not load (another Lua's)
 -- is never a silent slowdown: the source is used and slurmctld's log says so.
 local function module(name)
+	if BUNDLED and BUNDLED[name] then return BUNDLED[name](module) end
 	local base = HERE .. "bbstage/" .. name
 	local chunk, err = loadfile(base .. SUFFIX)
 	if not chunk and SUFFIX == ".luac" then

@@ -164,25 +164,35 @@ local function header(text)
 	return out, seen
 end
 
--- Staging lines at or after the first command (line first, offset pos), as warnings.
+-- Staging lines at or after the first command (line first, offset pos), as warnings. Plain
+-- searches for each prefix: a pattern is tried at every byte, ms for a 1 MiB body.
 local function late(text, first, pos)
-	local out, line, at, ls = {}, first, pos, pos
-	if not find(text, "^[ \t]*#[BDS]", pos) then ls = find(text, "\n[ \t]*#[BDS]", pos); ls = ls and ls + 1 end
-	while ls do
-		local _, h = find(text, "^[ \t]*#", ls)
-		local p = prefix(text, h) or sbatch_at(text, h) and "#SBATCH --bb"
-		if p then
-			line = line + select(2, gsub(sub(text, at, ls - 1), "\n", ""))
-			at = ls
-			if line == first and h > ls then
-				out[#out + 1] = err(line, "line " .. line .. ": ", "late-directive/indented", p)
-			else
-				out[#out + 1] = err(line, "line " .. line .. ": ", "late-directive", p, first, first)
+	local hits = {}
+	for _, needle in ipairs({ "#BB_LUA", "#DW", "#SBATCH" }) do
+		local i, n = find(text, needle, pos, true), 0
+		while i and n < M.MAX_ERRORS do -- the first MAX_ERRORS of each are enough
+			local k = i - 1
+			while k >= pos and (byte(text, k) == 32 or byte(text, k) == 9) do k = k - 1 end
+			if (k < pos or byte(text, k) == 10) and (prefix(text, i) or sbatch_at(text, i)) then
+				n = n + 1
+				hits[#hits + 1] = { k + 1, i }
 			end
-			if #out >= M.MAX_ERRORS then break end
+			i = find(text, needle, i + 1, true)
 		end
-		ls = find(text, "\n[ \t]*#[BDS]", ls)
-		ls = ls and ls + 1
+	end
+	table.sort(hits, function(a, b) return a[2] < b[2] end)
+	local out, line, at = {}, first, pos
+	for _, hit in ipairs(hits) do
+		local ls, h = hit[1], hit[2]
+		local p = prefix(text, h) or "#SBATCH --bb"
+		line = line + select(2, gsub(sub(text, at, ls - 1), "\n", ""))
+		at = ls
+		if line == first and h > ls then
+			out[#out + 1] = err(line, "line " .. line .. ": ", "late-directive/indented", p)
+		else
+			out[#out + 1] = err(line, "line " .. line .. ": ", "late-directive", p, first, first)
+		end
+		if #out >= M.MAX_ERRORS then break end
 	end
 	return out
 end
