@@ -69,6 +69,7 @@ class Engine:
         self._attempts: dict[tuple[str, int], int] = {}
         # Each job's place in its user's queue (the executor's fair share), from the hooks.
         self._order: dict[str, tuple[float, float]] = {}
+        self._sweeps = leftovers.Pace()  # sweeps of jobs unknown here, paced per job
         self._stopping = False
         self._listeners: list[Callable[[EngineEvent], None]] = []
         self._ops: dict[str, Callable[[Request], Awaitable[Reply]]] = {
@@ -369,10 +370,16 @@ class Engine:
         record of what its workers wrote either, so the script (``script``, or Slurm's copy
         at ``script_path``) says where their temporary files may be (bbstage/leftovers.py)."""
         script = req.get("script")
-        if not script and (path := req.get("script_path")):
-            script = await asyncio.to_thread(leftovers.read, path, req.job_id)
+        if not script and not req.get("script_path"):
+            return
+        if not self._sweeps.due(req.job_id):  # a poll of test_data_in: swept lately
+            return
+        if not script:
+            script = await asyncio.to_thread(leftovers.read, req.get("script_path"), req.job_id)
         if script:
-            await asyncio.to_thread(leftovers.sweep, script, req.job_id)
+            uid = str(req.get("uid", ""))  # 24.05+: the job's owner; only their files go
+            owner = int(uid) if uid.isascii() and uid.isdigit() else None
+            await asyncio.to_thread(leftovers.sweep, script, req.job_id, owner)
 
     async def _stage(self, req: Request, verb: str) -> Reply:
         job = await self._job(req, verb)
