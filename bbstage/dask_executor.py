@@ -30,6 +30,10 @@ Transfers wait in per-user queues (``bbstage.fairshare``, the local executor's p
 at most ``max_workers`` transfers (a user with none running: up to twice that) are handed
 to Dask at once, picked fairly; the rest wait here, not in Dask's queue.
 
+An attempt that sends no event for ``stall_timeout`` s once its task has started on a node
+(``bbstage.stall.Watchdog``) is stopped as a cancel stops it and fails transiently, naming
+the path it was stuck on.
+
 ``distributed`` is imported only here, only when ``[movers] engine = "dask"``.
 """
 
@@ -45,7 +49,7 @@ from typing import Any
 
 import structlog
 
-from bbstage import codec, dask_client, fairshare, planning, remote
+from bbstage import codec, dask_client, fairshare, planning, remote, stall
 from bbstage.config import Movers
 from bbstage.dask_client import Connection, connected
 from bbstage.identity import Identity
@@ -80,6 +84,9 @@ class _Attempt:
     node: str = ""
     moved: Moved = Moved(0, 0)
     finished: bool = False
+    where: str = ""  # SOURCE -> DESTINATION, for a stall's reason
+    heard: float | None = None  # time.monotonic() of its last event (the stall watchdog's)
+    stalled: str = ""  # why the watchdog stopped it
     # Orders a cancel's set of the Dask event against its deletion (no set after it).
     events: threading.Lock = field(default_factory=threading.Lock)
     released: bool = False
@@ -111,7 +118,8 @@ class DaskExecutor:
         self._attempts: dict[str, list[_Attempt]] = {}  # transfer key → its running attempts
         self._cancelled: set[str] = set()
         self._closing = False
-        self._stall_timeout = stall_timeout  # not enforced here yet (docs/operations.md)
+        # An attempt that sends no event for stall_timeout s is stopped and fails transiently.
+        self._watchdog = stall.Watchdog(stall_timeout, self._watched, self._stalled)  # type: ignore[arg-type]
         # Transfers wait here, in their user's queue, until the policy hands them to Dask.
         self._queue: fairshare.Queue[tuple[Any, ...]] = fairshare.Queue(
             fairshare.Policy(max_workers, weights, policy), self._launch
@@ -218,6 +226,7 @@ class DaskExecutor:
         with self._lock:
             self._closing = True
             keys = list(self._attempts)
+        self._watchdog.close()
         for item in self._queue.drain():
             item[-1].set_exception(Cancelled())
         attempts = [a for key in keys for a in self._signal(key)]
@@ -322,7 +331,10 @@ class DaskExecutor:
                 for i, shard in enumerate(shards)
             ]  # fmt: skip
         with self._lock:
+            for attempt, _ in attempts:
+                attempt.where = f"{spec.source} -> {spec.destination}"
             self._attempts.setdefault(key, []).extend(a for a, _ in attempts)
+        self._watchdog.start()
         for attempt, shard_spec in attempts:
             try:
                 attempt.tell(attempt.update())  # recorded before it is submitted
@@ -334,6 +346,30 @@ class DaskExecutor:
                 self._start(client, attempt, shard_spec, identity)
             except Exception as exc:
                 self._resolve(attempt, error=self._unreachable(exc))
+
+    def _watched(self) -> list[_Attempt]:
+        with self._lock:
+            return [a for g in self._attempts.values() for a in g if a.dask is not None]
+
+    def _stalled(self, attempt: _Attempt) -> None:
+        """The watchdog's verdict: stop the attempt as a cancel does (its task kills the copy
+        and removes its temporary files); its end fails it transiently with the reason. A
+        node that does not end it within ``CANCEL_WAIT`` s: failed here, its task cancelled."""
+        attempt.stalled = stall.said(attempt.where, self._watchdog.timeout)
+        log.warning("attempt stalled: stopped", attempt=attempt.id, node=attempt.node,
+                    reason=attempt.stalled)  # fmt: skip
+        with attempt.events:
+            if not attempt.released:
+                try:
+                    attempt.cancel.set()
+                except Exception as exc:
+                    log.warning("could not signal the stop", attempt=attempt.id, error=str(exc))
+        self._threads.submit(self._stop_stalled, attempt)
+
+    def _stop_stalled(self, attempt: _Attempt) -> None:
+        self._wait(attempt, CANCEL_WAIT)
+        error = TransferError(f"{attempt.stalled} (its node did not stop it)", permanent=False)
+        self._resolve(attempt, error=error)  # nothing if it ended meanwhile
 
     def _unreachable(self, exc: Exception) -> TransferError:
         """A transient failure to hand work to the scheduler: the engine tries again."""
@@ -383,6 +419,10 @@ class DaskExecutor:
         if not isinstance(msg, dict):
             return
         node = msg.get("node")
+        if msg.get("started") is True:  # the task runs: the stall watchdog counts from now
+            with self._lock:
+                attempt.heard = time.monotonic()
+            return
         # "worker" is added by Dask's log_event, "node" by run_attempt.
         try:
             event = codec.from_dict({k: v for k, v in msg.items() if k not in ("node", "worker")})
@@ -391,6 +431,7 @@ class DaskExecutor:
         with self._lock:
             if attempt.finished or not isinstance(event, Planned | Moved):
                 return
+            attempt.heard = time.monotonic()  # it runs, and is not stalled
             if isinstance(node, str):
                 attempt.node = node
             if isinstance(event, Moved):
@@ -426,6 +467,8 @@ class DaskExecutor:
                 attempt.node = node
         if attempt.key in self._cancelled:
             self._resolve(attempt, error=Cancelled())
+        elif attempt.stalled:  # stopped by the watchdog (its node removed the temp files)
+            self._resolve(attempt, error=TransferError(attempt.stalled, permanent=False))
         elif isinstance(outcome, Done):
             self._resolve(attempt, planned=planned, done=outcome)
         elif isinstance(outcome, Failed):

@@ -12,12 +12,14 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, cast
 
 import structlog
 
 from bbstage import directives, leftovers, report, scratch, slurmdirs, staged
 from bbstage.config import Config
+from bbstage.counts import clamp
 from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
@@ -67,6 +69,7 @@ class Engine:
         self._attempts: dict[tuple[str, int], int] = {}
         # Each job's place in its user's queue (the executor's fair share), from the hooks.
         self._order: dict[str, tuple[float, float]] = {}
+        self._sweeps = leftovers.Pace()  # sweeps of jobs unknown here, paced per job
         self._stopping = False
         self._listeners: list[Callable[[EngineEvent], None]] = []
         self._ops: dict[str, Callable[[Request], Awaitable[Reply]]] = {
@@ -298,10 +301,17 @@ class Engine:
             await asyncio.sleep(PROGRESS_EVERY)
             for (job_id, idx), counts in list(self._counts.items()):
                 if written.get((job_id, idx)) is not counts:
-                    self.store.set_directive(job_id, idx, **counts)
-                    written[(job_id, idx)] = counts
+                    written[(job_id, idx)] = counts  # tried once: a bad one is not retried
+                    try:
+                        self.store.set_directive(job_id, idx, **counts)
+                    except Exception:  # one bad record must not stop everyone's progress
+                        log.exception("progress not saved", job_id=job_id, directive=idx)
             written = {k: v for k, v in written.items() if k in self._counts}
-            saved = self._save_attempts(saved)
+            try:
+                saved = self._save_attempts(saved)
+            except Exception:
+                saved = dict(self._moving)  # not tried again until they change
+                log.exception("attempts' progress not saved")
 
     def _save_attempts(self, saved: dict[str, AttemptUpdate]) -> dict[str, AttemptUpdate]:
         """Save the running attempts' updates not ``saved`` yet (one transaction); the
@@ -360,10 +370,16 @@ class Engine:
         record of what its workers wrote either, so the script (``script``, or Slurm's copy
         at ``script_path``) says where their temporary files may be (bbstage/leftovers.py)."""
         script = req.get("script")
-        if not script and (path := req.get("script_path")):
-            script = await asyncio.to_thread(leftovers.read, path, req.job_id)
+        if not script and not req.get("script_path"):
+            return
+        if not self._sweeps.due(req.job_id):  # a poll of test_data_in: swept lately
+            return
+        if not script:
+            script = await asyncio.to_thread(leftovers.read, req.get("script_path"), req.job_id)
         if script:
-            await asyncio.to_thread(leftovers.sweep, script, req.job_id)
+            uid = str(req.get("uid", ""))  # 24.05+: the job's owner; only their files go
+            owner = int(uid) if uid.isascii() and uid.isdigit() else None
+            await asyncio.to_thread(leftovers.sweep, script, req.job_id, owner)
 
     async def _stage(self, req: Request, verb: str) -> Reply:
         job = await self._job(req, verb)
@@ -419,17 +435,19 @@ class Engine:
 
         def on_event(event: Event | AttemptUpdate) -> None:  # in the executor's thread
             counts = self._counts.get(key, {})
+            # Counts within what SQLite stores: the Dask executor sums its shards' in root.
             if isinstance(event, AttemptUpdate):
+                event = replace(event, bytes=clamp(event.bytes), files=clamp(event.files))
                 self._attempt(job.job_id, d.idx, event)
             elif isinstance(event, Planned):  # the counts so far while walking, then final
-                self._counts[key] = {**counts, "bytes_total": event.bytes,
-                                     "files_total": event.files,
-                                     "files_skipped": event.skipped}  # fmt: skip
+                self._counts[key] = {**counts, "bytes_total": clamp(event.bytes),
+                                     "files_total": clamp(event.files),
+                                     "files_skipped": clamp(event.skipped)}  # fmt: skip
                 if event.final:
                     self._final.add(key)
             elif isinstance(event, Moved):
-                self._counts[key] = {**counts, "bytes_done": event.bytes,
-                                     "files_done": event.files}  # fmt: skip
+                self._counts[key] = {**counts, "bytes_done": clamp(event.bytes),
+                                     "files_done": clamp(event.files)}  # fmt: skip
 
         order = self._order.get(job.job_id, (math.inf, 0.0))
         cf = self.executor.submit(f"{job.job_id}:{d.idx}", spec, identity, on_event, order=order)
@@ -455,6 +473,25 @@ class Engine:
             self._moving[update.id] = update
 
     def _finished(self, job_id: str, d: DirectiveRow, future: asyncio.Future[Done]) -> None:
+        """Record a transfer's outcome (``_record_end``). Should that fail (a count the state
+        cannot hold, a database error), the directive is failed with the reason instead of
+        staying ``running`` for ever, and the job settled."""
+        try:
+            self._record_end(job_id, d, future)
+        except Exception as exc:
+            log.exception("transfer outcome not recorded", job_id=job_id, directive=d.idx)
+            if (job_id, d.idx) in self._active:  # a new attempt started: it will record
+                return
+            self._attempts.pop((job_id, d.idx), None)
+            error = f"internal error while recording the transfer's end: {exc!r}"
+            try:
+                self.store.set_directive(job_id, d.idx, state=FAILED, error=error,
+                                         finished=time.time())  # fmt: skip
+                self._settle(self.store.job(job_id), d.verb)
+            except Exception:
+                log.exception("transfer failure not recorded", job_id=job_id, directive=d.idx)
+
+    def _record_end(self, job_id: str, d: DirectiveRow, future: asyncio.Future[Done]) -> None:
         """Record a transfer's outcome: done only from the worker's manifest, and only if it
         covers everything the worker planned; a shutdown records nothing (resumed later)."""
         key = (job_id, d.idx)

@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 from multiprocessing import forkserver
 from typing import Any
 
-from bbstage import codec, fairshare, worker
+from bbstage import codec, fairshare, stall, worker
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
-from bbstage.movers.localfs import temp_owner
 from bbstage.transfer import Done, Event, Failed, TempFile, TempsSettled, TransferSpec
 
 KILL_AFTER = 1.5  # seconds between SIGTERM and SIGKILL on cancel
@@ -245,7 +244,7 @@ class TransferExecutor:
             last = time.monotonic()  # the worker's last event: it still moves
             while outcome is None:
                 if not current.conn.poll(max(0.0, last + self._stall_timeout - time.monotonic())):
-                    stalled = _stall_reason(spec, temps, self._stall_timeout)
+                    stalled = stall.reason(spec, temps, self._stall_timeout)
                     _signal(current.proc.pid, signal.SIGTERM)  # as a cancel: SIGKILL after
                     _reap([current.proc])
                     break
@@ -374,18 +373,6 @@ def track_temps(temps: set[str], event: Event) -> bool:
     else:
         return False
     return True
-
-
-def _stall_reason(spec: TransferSpec, temps: set[str], seconds: float) -> str:
-    """Why a stalled transfer was stopped, naming where it was stuck: the files it was
-    writing (their temporary files' destinations), else its source."""
-    writing = sorted({temp_owner(t) for t in temps})
-    if not spec.tree or not writing:
-        where = f"{spec.source} -> {spec.destination}"
-    else:
-        more = f" and {len(writing) - 3} more" if len(writing) > 3 else ""
-        where = ", ".join(writing[:3]) + more
-    return f"stalled: nothing moved for {seconds:g} s (stall_timeout) while copying {where}"
 
 
 def _reap(procs: list[Any]) -> None:

@@ -6,17 +6,20 @@ attempt. A daemon killed right after a worker, whose state is then lost, knows n
 them: the job's teardown finds them from its script instead. Each directory a local
 destination of the script names is read (as root: only names and owners), and each file
 that bears this job's temporary name is removed by a process running as that file's owner,
-so nothing is removed that its owner could not remove. Slurm 22.05's teardown carries no
-uid, so the file's owner is the only one to ask.
+so nothing is removed that its owner could not remove; and only the job owner's files
+(``whose``: the hooks of 24.05+ send the uid; Slurm 22.05's carry none, and then only a sole
+owner's files are removed). A job is swept at most once every ``SWEEP_EVERY`` s (``Pace``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import pwd
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import structlog
@@ -28,6 +31,7 @@ from bbstage.movers import localfs
 log = structlog.get_logger(__name__)
 
 LIMIT = 200_000  # directory entries read per teardown at most (a destination tree is big)
+SWEEP_EVERY = 30.0  # seconds between two sweeps of one job at least
 
 # Run as the owner: unlink each NUL-separated path read from stdin (no bbstage import:
 # the interpreter starts with -I -S, so the owner needs no access to the install).
@@ -135,10 +139,48 @@ def read(script_path: str, job_id: str) -> str | None:
         return None
 
 
-def sweep(script: str, job_id: str) -> int:
-    """Find and remove the temporary files job ``job_id`` left in the local destinations
-    its ``script`` names; how many were removed."""
-    removed = remove(find(places(script), job_id), job_id)
+def whose(by_owner: dict[int, list[str]], job_id: str, uid: int | None) -> dict[int, list[str]]:
+    """The files of ``by_owner`` to remove: the job owner's (``uid``, which 24.05+ hooks
+    send) only; without it (Slurm 22.05), those of a sole owner. Anything else is kept and
+    logged: a file of another owner that bears this job id is not this job's (another
+    cluster's job of that id on a shared file system, or an id reused)."""
+    if uid is not None:
+        mine = {u: p for u, p in by_owner.items() if u == uid}
+    elif len(by_owner) == 1:
+        mine = dict(by_owner)
+    else:
+        mine = {}
+    for owner, paths in by_owner.items():
+        if owner not in mine:
+            log.warning("leftovers of another owner kept", job_id=job_id, uid=owner,
+                        job_uid=uid, files=len(paths))  # fmt: skip
+    return mine
+
+
+class Pace:
+    """At most one sweep per job every ``every`` seconds: Slurm polls test_data_in of a job
+    every few seconds, and each sweep reads up to ``LIMIT`` entries, as root, in directories
+    the user's script names."""
+
+    def __init__(self, every: float = SWEEP_EVERY) -> None:
+        self.every = every
+        self._last: dict[str, float] = {}
+
+    def due(self, job_id: str) -> bool:
+        """Whether ``job_id`` may be swept now (and if so, the sweep is counted from now)."""
+        now = time.monotonic()
+        if now - self._last.get(job_id, -math.inf) < self.every:
+            return False
+        if len(self._last) >= 4096:  # forget the jobs not swept lately
+            self._last = {j: t for j, t in self._last.items() if now - t < self.every}
+        self._last[job_id] = now
+        return True
+
+
+def sweep(script: str, job_id: str, uid: int | None = None) -> int:
+    """Find and remove the temporary files job ``job_id`` (of ``uid``, if known) left in the
+    local destinations its ``script`` names; how many were removed."""
+    removed = remove(whose(find(places(script), job_id), job_id, uid), job_id)
     if removed:
         log.warning("temporary files of a job unknown to the daemon removed", job_id=job_id,
                     files=removed)  # fmt: skip

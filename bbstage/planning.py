@@ -12,7 +12,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 
-from bbstage import retrying
+from bbstage import counts, retrying
 from bbstage.movers import FileTask, Mover, TransferError, localfs
 from bbstage.transfer import Planned, ScratchLimit, Shard, TransferSpec
 
@@ -209,7 +209,7 @@ class Walk:
                 self.make_dir(task)
                 continue
             if task.kind == "file":
-                files, nbytes = files + 1, nbytes + task.size
+                files, nbytes = files + 1, counts.total(nbytes + task.size, task.src)
                 if self.budget is not None and nbytes > self.budget:
                     raise TransferError(
                         "does not fit in $BB_SCRATCH: the source grew while it was staged,"

@@ -43,6 +43,7 @@ from bbstage.transfer import (
     TransferSpec,
 )
 
+_HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where bbstage is
 FORWARD_EVERY = 0.5  # seconds between Moved events sent to the daemon
 POLL_EVERY = 0.2  # seconds between checks for a cancel
 KILL_AFTER = 1.0  # seconds between SIGTERM and SIGKILL of the child's process group
@@ -107,6 +108,7 @@ def run_attempt(
     def send(event: Event) -> None:
         worker.log_event(attempt, {"node": node, **codec.to_dict(event)})
 
+    worker.log_event(attempt, {"node": node, "started": True})  # the stall watchdog's start
     outcome, planned = run_child(spec, identity, send, cancelled)
     result["planned"], result["outcome"] = planned, outcome
     return result
@@ -133,7 +135,9 @@ def run_child(
         extra_groups=list(identity.groups),
         umask=0o077,
         start_new_session=True,  # its own process group: a cancel kills every thread of it
-        env={"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8"},
+        # PYTHONPATH: the child runs this bbstage, not another install's (its events must
+        # be exactly what this codec reads).
+        env={"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "PYTHONPATH": _HOME},
         cwd="/",
         close_fds=True,
     )

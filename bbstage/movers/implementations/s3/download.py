@@ -11,6 +11,7 @@ import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
+from bbstage import counts
 from bbstage.movers import checksum, localfs
 from bbstage.movers.base import FileTask, Progress, TransferError, os_error
 from bbstage.movers.implementations.s3.common import (
@@ -150,7 +151,8 @@ class S3Download(_S3Mover):
 
     def _file(self, src: str, dst: str, size: int, modified: Any) -> FileTask:
         mtime_ns = int(modified.timestamp() * 1e9) if modified is not None else None
-        return FileTask(src, dst, "file", int(size), self.settings.file_mode, mtime_ns)
+        nbytes = counts.size(size, src)  # the server's word (listing Size, Content-Length)
+        return FileTask(src, dst, "file", nbytes, self.settings.file_mode, mtime_ns)
 
     def _dir(self, path: str) -> FileTask:
         mode = self.settings.file_mode

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bbstage import counts
 from bbstage.movers.implementations.s3.direct import answered, object_url
 from bbstage.movers.implementations.s3.fast import FastS3
 from bbstage.movers.implementations.s3.timestamps import parse_timestamp
@@ -32,7 +33,9 @@ class DirectHead:
         resp, _ = await answered(self._fast, url, f"s3://{bucket}/{key}", "HeadObject", "HEAD")
         modified = resp.getheader("Last-Modified")
         return {
-            "ContentLength": int(resp.getheader("Content-Length") or 0),
+            "ContentLength": counts.size(
+                resp.getheader("Content-Length") or "0", f"s3://{bucket}/{key}"
+            ),
             "LastModified": parse_timestamp(modified) if modified else None,
             "ETag": resp.getheader("ETag"),
             "Metadata": {

@@ -16,6 +16,7 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from bbstage import counts
 from bbstage.movers.implementations.s3.direct import answered
 from bbstage.movers.implementations.s3.fast import FastS3
 from bbstage.movers.implementations.s3.timestamps import parse_timestamp
@@ -58,7 +59,7 @@ def parse(body: bytes) -> dict[str, Any]:
         contents.append(
             {
                 "Key": urllib.parse.unquote_plus(key) if encoded else key,
-                "Size": int(item.findtext(size_tag) or 0),
+                "Size": counts.size(item.findtext(size_tag) or "0", f"listed key {key[:200]!r}"),
                 "LastModified": parse_timestamp(modified) if modified else None,
                 "ETag": item.findtext(etag_tag),
             }

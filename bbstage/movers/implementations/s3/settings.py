@@ -13,8 +13,12 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from bbstage.movers.base import TransferError
 from bbstage.units import parse_size
+
+log = structlog.get_logger("bbstage.s3")
 
 MiB = 1 << 20
 
@@ -204,7 +208,14 @@ def mapped_credentials(s3: dict[str, Any], user: str) -> dict[str, str] | None:
             parser.read_file(f)
         section = parser[profile]
         creds = {"key": section["aws_access_key_id"], "secret": section["aws_secret_access_key"]}
-    except (OSError, KeyError, configparser.Error) as exc:
+    except configparser.Error as exc:
+        # Its message quotes the file's raw lines (other users' keys): root's log only.
+        log.error("mapped-credentials file malformed", path=path, user=user, error=str(exc))
+        raise TransferError(
+            "the site's mapped-credentials file is malformed: ask your administrator"
+            " (the daemon's log says where)"
+        ) from None
+    except (OSError, KeyError) as exc:
         raise TransferError(
             f"daemon config [s3.accounts.{user}]: cannot read profile {profile!r} from {path}:"
             f" {exc}; ask the administrator"
