@@ -451,7 +451,7 @@ class Engine:
         for d in job.directives:
             if not _of_phase(d, verb) or d.state == DONE:
                 continue
-            ended = d.state == FAILED or (d.verb == COPY and d.state == CANCELLED)
+            ended = d.state == FAILED or (_added(d) and d.state == CANCELLED)
             if ended and (job.job_id, d.idx) not in self._active:
                 continue  # a recorded failure (or a cancelled copy) stands until teardown
             futures.append(self._start(job, d))
@@ -663,8 +663,13 @@ def _of_phase(d: DirectiveRow, verb: str) -> bool:
 
 
 def _failed(d: DirectiveRow) -> bool:
-    """Does ``d`` fail its phase? A copy the user cancelled does not."""
-    return d.state == FAILED or (d.state == CANCELLED and d.verb != COPY)
+    """Does ``d`` fail its phase? A copy the user cancelled (``bbstage cancel``) does not."""
+    return d.state == FAILED or (d.state == CANCELLED and not _added(d))
+
+
+def _added(d: DirectiveRow) -> bool:
+    """Was ``d`` added at run time (``bbstage copy``, with or without --at-end)?"""
+    return bool(d.spec.get("origin"))
 
 
 def _same_job(job: JobRow, req: Request) -> bool:
