@@ -276,6 +276,8 @@ def test_a_copy_running_at_the_jobs_end_is_waited_for_and_survives_a_daemon_kill
     d2 = start_daemon(d.root, extra=(f'metrics_address = ""\napi_address = "127.0.0.1:{port}"\n'
                       f'munge_socket = "{munged.socket}"\njob_check = "state"'))  # fmt: skip
     try:
+        waited = cli(d2, "wait", "--timeout", "60", **env)  # resumed with no hook's help
+        assert waited.returncode == 0, waited.stderr
         assert d2.hook("slurm_bb_data_out", "407", str(area / "job407.sh")) == (0, "")
         status = json.loads(cli(d2, "status", "--json", "407", **env).stdout)
         assert [(r["kind"], r["state"]) for r in status["directives"]] == [("copy", "done")]
