@@ -22,15 +22,12 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 
 from bbstage import munge, protocol
 from bbstage.protocol import ERROR, MAX_USER_REQUEST, ProtocolError
-
-if TYPE_CHECKING:
-    from bbstage.server import Server
 
 log = structlog.get_logger("bbstage.netapi")
 
@@ -40,6 +37,15 @@ API_READ_TIMEOUT = 2.0  # seconds for the credential line: the client sends it o
 API_WRITE_TIMEOUT = 5.0
 API_DECODERS = 4  # threads that ask munged to check credentials
 REPLAY_ENTRIES = 1 << 16  # credentials remembered at most (each until it expires)
+
+
+class Server(Protocol):
+    """What the API needs of ``bbstage.server.Server``: its users' allowance and handler."""
+
+    def admit(self, uid: int) -> bool: ...
+    def busy(self, uid: int) -> str: ...
+    def release(self, uid: int) -> None: ...
+    async def respond(self, line: bytes, uid: int) -> bytes: ...
 
 
 class Replays:
