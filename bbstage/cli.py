@@ -51,14 +51,86 @@ def cmd_install_lua(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace, op: str, **fields: Any) -> Any:
-    from bbstage.client import DaemonError, call
+    """One request, to the user socket where this host has it, else the network API."""
+    from bbstage.client import DaemonError, Unreachable, call, target
 
+    conf = _config(args)
     try:
-        return call(_config(args).user_socket, op, **fields)
+        return call(target(conf.user_socket, conf.api_address, conf.munge_socket), op, **fields)
     except DaemonError as exc:
         print(f"bbstage: {exc}", file=sys.stderr)
-        unreachable = str(exc).startswith("staging daemon not reachable")
-        sys.exit(EXIT_UNREACHABLE if unreachable else EXIT_NOT_FOUND)
+        sys.exit(EXIT_UNREACHABLE if isinstance(exc, Unreachable) else EXIT_NOT_FOUND)
+
+
+def _job_client(args: argparse.Namespace) -> Any:
+    from bbstage import api
+
+    try:
+        client = api.Client(args.config, args.job)
+        client.job_id  # noqa: B018  (refuses now when there is no job)
+    except (ValueError, config.ConfigError) as exc:
+        sys.exit(f"bbstage: {exc}")
+    return client
+
+
+def cmd_copy(args: argparse.Namespace) -> int:
+    from bbstage import api
+    from bbstage.client import DaemonError, Unreachable
+
+    client = _job_client(args)
+    try:
+        copy_id = client.copy(args.source, args.destination, checksum=args.checksum,
+                              overwrite=args.overwrite, profile=args.profile,
+                              at_end=args.at_end)  # fmt: skip
+        rows = client.wait([copy_id]) if args.wait and not args.at_end else None
+    except api.CopyFailed as exc:
+        print(f"bbstage: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except DaemonError as exc:
+        print(f"bbstage: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE if isinstance(exc, Unreachable) else EXIT_FAILED
+    if args.json:
+        print(json.dumps({"id": copy_id, "at_end": args.at_end, "copies": rows}))
+    else:
+        print(copy_id)
+    return EXIT_OK
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    from bbstage import api
+    from bbstage.client import DaemonError, Unreachable
+
+    client = _job_client(args)
+    try:
+        rows = client.wait(args.ids or None, args.timeout)
+    except api.CopyFailed as exc:
+        for copy_id, why in exc.failures:
+            print(f"bbstage: copy {copy_id} failed: {why}", file=sys.stderr)
+        return EXIT_FAILED
+    except (ValueError, TimeoutError) as exc:
+        print(f"bbstage: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except DaemonError as exc:
+        print(f"bbstage: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE if isinstance(exc, Unreachable) else EXIT_FAILED
+    for row in rows:
+        print(f"{row['id']} done: {row['bytes_done']} bytes, {row['files_done']} files")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from bbstage.client import DaemonError
+
+    if ":" in args.id:
+        args.job = args.id.partition(":")[0]
+    client = _job_client(args)
+    try:
+        state = client.cancel(args.id)
+    except (ValueError, DaemonError) as exc:
+        print(f"bbstage: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{args.id} {state}")
+    return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -141,6 +213,38 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("pools", help="scratch pools: capacity, reserved, free")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_pools)
+
+    job = os.environ.get("SLURM_JOB_ID")
+    s = sub.add_parser(
+        "copy",
+        help="during a job: copy now (or --at-end) as the job's user; prints the copy's id",
+        description="From inside a running job: copy SOURCE to DESTINATION now, in the"
+        " background, with a stage_out directive's rules (absolute paths, $BB_SCRATCH,"
+        " s3://; use single quotes for $BB_SCRATCH so the daemon resolves it).",
+    )
+    s.add_argument("source")
+    s.add_argument("destination")
+    s.add_argument("--checksum", choices=("none", "xxh3", "blake2b"))
+    s.add_argument("--overwrite", choices=("always", "never", "newer"))
+    s.add_argument("--profile", help="S3 profile from your ~/.aws files")
+    s.add_argument(
+        "--at-end", action="store_true", help="stage out after the job ends, with its stage-outs"
+    )
+    s.add_argument("--wait", action="store_true", help="return when the copy has ended")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--job", default=job, help="job id (default: $SLURM_JOB_ID)")
+    s.set_defaults(func=cmd_copy)
+
+    s = sub.add_parser("wait", help="during a job: wait for its copies (all, or the IDs)")
+    s.add_argument("ids", nargs="*", metavar="ID", help="copy ids (JOBID:N) from bbstage copy")
+    s.add_argument("--timeout", type=float, help="give up after this many seconds")
+    s.add_argument("--job", default=job, help="job id (default: $SLURM_JOB_ID)")
+    s.set_defaults(func=cmd_wait)
+
+    s = sub.add_parser("cancel", help="stop an in-job copy (ID from bbstage copy)")
+    s.add_argument("id", metavar="ID")
+    s.add_argument("--job", default=job, help="job id (default: $SLURM_JOB_ID)")
+    s.set_defaults(func=cmd_cancel)
 
     s = sub.add_parser("daemon", help="run the staging daemon in the foreground (as root)")
     s.set_defaults(func=cmd_daemon)

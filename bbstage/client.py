@@ -1,25 +1,78 @@
-"""Talk to the daemon's user socket (one request per connection, one JSON line each way)."""
+"""Talk to the daemon: its user socket where there is one (one request per connection, one
+JSON line each way), else its network API (the same request inside a munge credential)."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bbstage.protocol import encode_request
+from bbstage import munge
+from bbstage.protocol import api_payload, encode_request
+
+API_ENV = "BBSTAGE_API"  # host:port of the daemon's network API; overrides the local socket
 
 
 class DaemonError(RuntimeError):
     """The daemon answered with an error, or could not be reached."""
 
 
-def call(path: Path, op: str, timeout: float = 10.0, **fields: Any) -> Any:
+class Unreachable(DaemonError):
+    """The daemon could not be reached (no socket, no API, nothing listening)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to ask: a Unix socket path, or an API ``host:port`` (with the local munged)."""
+
+    socket: Path | None = None
+    api: str | None = None
+    munge_socket: Path | None = None
+
+    def __str__(self) -> str:
+        return str(self.socket) if self.socket else f"{self.api} (network API)"
+
+
+def target(user_socket: Path, api_address: str, munge_socket: Path | None) -> Target:
+    """``$BBSTAGE_API`` if set; the user socket if this host has it; else the config's
+    ``api_address``; else the user socket (to say it is not there)."""
+    env = os.environ.get(API_ENV)
+    if env:
+        return Target(api=env, munge_socket=munge_socket)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        if stat.S_ISSOCK(user_socket.stat().st_mode):
+            return Target(socket=user_socket)
+    except OSError:
+        pass
+    if api_address:
+        return Target(api=api_address, munge_socket=munge_socket)
+    return Target(socket=user_socket)
+
+
+def call(where: Path | Target, op: str, timeout: float = 10.0, **fields: Any) -> Any:
+    """Send one request; the reply's result, or DaemonError with the daemon's message."""
+    where = where if isinstance(where, Target) else Target(socket=where)
+    if where.api:
+        host, _, port = where.api.rpartition(":")
+        family, address = socket.AF_INET, (host.strip("[]"), int(port))
+        if ":" in host:
+            family = socket.AF_INET6
+        try:
+            line = munge.encode(api_payload(op, **fields), where.munge_socket)
+        except munge.MungeError as exc:
+            raise Unreachable(f"cannot make a munge credential: {exc}") from None
+    else:
+        family, address = socket.AF_UNIX, str(where.socket)
+        line = encode_request(op, **fields)
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
-            sock.connect(str(path))
-            sock.sendall(encode_request(op, **fields) + b"\n")
+            sock.connect(address)
+            sock.sendall(line + b"\n")
             data = b""
             while not data.endswith(b"\n"):
                 chunk = sock.recv(65536)
@@ -28,7 +81,7 @@ def call(path: Path, op: str, timeout: float = 10.0, **fields: Any) -> Any:
                 data += chunk
     except OSError as exc:
         reason = exc.strerror or exc
-        raise DaemonError(f"staging daemon not reachable at {path}: {reason}") from None
+        raise Unreachable(f"staging daemon not reachable at {where}: {reason}") from None
     try:
         reply = json.loads(data)
     except json.JSONDecodeError:

@@ -166,6 +166,9 @@ class Config:
     reconcile_interval: float = 10.0
     stall_timeout: float = 300.0
     metrics_address: str = "127.0.0.1:9754"
+    api_address: str = ""  # host:port of the munge-authenticated network API; "" = off
+    munge_socket: Path = Path("/run/munge/munge.socket.2")  # munged that checks API requests
+    job_check: str = "slurm"  # in-job copies: "slurm" (squeue) or "state" (the record only)
     pools: tuple[Pool, ...] = field(default_factory=tuple)
     s3: dict[str, Any] = field(default_factory=dict)
     movers: Movers = field(default_factory=Movers)
@@ -195,7 +198,24 @@ _DAEMON_KEYS = {
     "reconcile_interval": _number,
     "stall_timeout": _positive,
     "metrics_address": _text,
+    "api_address": lambda v: _address(_text(v)),
+    "munge_socket": Path,
+    "job_check": lambda v: _choice(_text(v), ("slurm", "state")),
 }
+
+
+def _address(value: str) -> str:
+    """ "" (off) or host:port."""
+    host, _, port = value.rpartition(":")
+    if value and not (host and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f'{value!r} is not host:port (e.g. 0.0.0.0:9755), or "" for off')
+    return value
+
+
+def _choice(value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+    return value
 
 
 def load(path: Path | str = DEFAULT_PATH) -> Config:

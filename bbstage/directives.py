@@ -760,3 +760,31 @@ def parse(text: str) -> dict[str, Any]:
         "errors": errors,
         "warnings": warnings,
     }
+
+
+def copy(source: str, destination: str, options: dict[str, str]) -> dict[str, Any]:
+    """An in-job copy (``bbstage copy``) as a directive, by a directive's rules: the same
+    locations, ``$BB_SCRATCH``, S3 URLs and options as a ``stage_out`` line (no globs), the
+    same errors; the spec without its index (``Store.add_directive`` gives it one).
+    ValueError with the message a script's line would get."""
+    keys: list[str | None] = [None, "source", "destination"]
+    vals = ["stage_out", source, destination]
+    for key, value in options.items():
+        keys.append(key)
+        vals.append(value)
+    st = _State()
+    try:
+        for value in vals:
+            size = _nbytes(value)
+            if size > MAX_LINE_BYTES:
+                raise _Fail("line-too-long", size, MAX_LINE_BYTES)
+            m = _CTRL.search(value)
+            if m:
+                raise _Fail("control-char", ord(m.group()))
+        for role, value in (("source", source), ("destination", destination)):
+            if value == "":
+                raise _Fail("empty-value", role)
+        _stage(st, 0, "stage_out", keys, vals, False)
+    except _Fail as e:
+        raise ValueError(MESSAGES[e.key] % e.args_) from None
+    return st.directives[0].to_dict()

@@ -53,6 +53,11 @@ log = structlog.get_logger("bbstage.engine")
 PROGRESS_EVERY = 1.0  # seconds between saves of the running transfers' progress
 ATTEMPTS = 3  # a transfer that fails transiently (e.g. its worker was killed) is run again
 _PHASE = {"stage_in": ("staging_in", "staged_in"), "stage_out": ("staging_out", "staged_out")}
+# An in-job copy (`bbstage copy`, no --at-end) is a directive of this verb, added while the job
+# runs; it is one of the job's outputs: its stage-out waits for it (``_of_phase``). A copy
+# --at-end is a plain stage_out added at run time.
+COPY = "copy"
+MAX_JOB_DIRECTIVES = 1024  # a script's directives and its in-job copies together
 
 
 class Engine:
@@ -137,6 +142,46 @@ class Engine:
             verb = "stage_in" if job.state == "staging_in" else "stage_out"
             log.info("resuming", job_id=job.job_id, phase=verb)
             self._start_phase(job, verb)
+        for job in self.store.jobs(("running",)):  # its in-job copies under way
+            for d in job.directives:
+                if d.verb == COPY and d.state in (PENDING, RUNNING):
+                    log.info("resuming", job_id=job.job_id, copy=d.idx)
+                    self._start(job, d)
+
+    # -- in-job copies (bbstage copy) -----------------------------------------------------------
+
+    def add_copy(
+        self, job: JobRow, source: str, destination: str, options: dict[str, str], at_end: bool
+    ) -> DirectiveRow:
+        """Add a copy to a running job, checked by a directive's rules (ValueError with the
+        directive's message): started now, or (``at_end``) a stage-out like the script's.
+        The caller has checked that the job runs and is the caller's."""
+        if job.state != "running":
+            raise ValueError(f"job {job.job_id} is not running ({job.state}): copies are"
+                             " added from inside the running job")  # fmt: skip
+        spec = directives.copy(source, destination, options)
+        spec |= {"verb": "stage_out" if at_end else COPY, "origin": "at_end" if at_end else COPY}
+        d = self.store.add_directive(job.job_id, spec, MAX_JOB_DIRECTIVES)
+        log.info("copy added", job_id=job.job_id, index=d.idx, at_end=at_end)
+        if not at_end:
+            self._start(self.store.job(job.job_id) or job, d)
+        return d
+
+    async def cancel_copy(self, job: JobRow, idx: int) -> DirectiveRow:
+        """Stop an in-job copy (recorded cancelled: it then fails nothing), or drop a copy
+        --at-end that has not started."""
+        d = next((d for d in job.directives if d.idx == idx and d.spec.get("origin")), None)
+        if d is None:
+            raise ValueError(f"job {job.job_id} has no copy {idx}")
+        if d.state in (PENDING, RUNNING):
+            if (job.job_id, idx) in self._active:
+                await self._cancel(job.job_id, idx)
+            current = self.store.job(job.job_id)
+            row = next(r for r in current.directives if r.idx == idx) if current else d
+            if row.state in (PENDING, RUNNING):
+                self.store.set_directive(job.job_id, idx, state=CANCELLED, finished=time.time())
+        current = self.store.job(job.job_id)
+        return next((r for r in current.directives if r.idx == idx), d) if current else d
 
     # -- hooks --------------------------------------------------------------------------------
 
@@ -264,6 +309,12 @@ class Engine:
             await self._sweep_lost(req)
             return Reply.ok()
         hurry = req.get("hurry") in (True, "true")
+        copies = [self._active[(job.job_id, d.idx)] for d in job.directives
+                  if d.verb == COPY and (job.job_id, d.idx) in self._active]  # fmt: skip
+        if copies and not hurry:  # outputs: they finish before the scratch goes
+            log.info("teardown waits for in-job copies", job_id=job.job_id, copies=len(copies))
+            await asyncio.wait(copies)
+            job = self.store.job(req.job_id) or job
         cancelled = [d for d in job.directives if d.state in (PENDING, RUNNING)]
         if hurry and cancelled:
             await asyncio.gather(*(self._cancel(job.job_id, d.idx) for d in cancelled))
@@ -393,7 +444,7 @@ class Engine:
         # Before 24.05 an answer is final: Slurm runs the job on any success. So wait until
         # no transfer of this direction runs (a transient failure starts a new attempt).
         # asyncio.wait, not gather: a hook that goes away must not cancel the transfers.
-        keys = [(job.job_id, d.idx) for d in job.directives if d.verb == verb]
+        keys = [(job.job_id, d.idx) for d in job.directives if _of_phase(d, verb)]
         while futures:
             await asyncio.wait(futures)
             futures = [self._active[k] for k in keys if k in self._active]
@@ -414,10 +465,11 @@ class Engine:
         """Start (or join) every unfinished directive of one direction."""
         futures = []
         for d in job.directives:
-            if d.verb != verb or d.state == DONE:
+            if not _of_phase(d, verb) or d.state == DONE:
                 continue
-            if d.state == FAILED and (job.job_id, d.idx) not in self._active:
-                continue  # a recorded failure stands until teardown
+            ended = d.state == FAILED or (_added(d) and d.state == CANCELLED)
+            if ended and (job.job_id, d.idx) not in self._active:
+                continue  # a recorded failure (or a cancelled copy) stands until teardown
             futures.append(self._start(job, d))
         if not futures:
             self._settle(self.store.job(job.job_id), verb)  # nothing (left) to move
@@ -558,12 +610,13 @@ class Engine:
 
     def _settle(self, job: JobRow | None, verb: str) -> None:
         """Move the job to ``staged_*`` or ``failed`` once a direction has finished."""
+        verb = "stage_out" if verb == COPY else verb
         if job is None or job.state != _PHASE[verb][0]:
             return
-        mine = [d for d in job.directives if d.verb == verb]
+        mine = [d for d in job.directives if _of_phase(d, verb)]
         if any(d.state in (PENDING, RUNNING) for d in mine):
             return
-        failed = [d for d in mine if d.state in (FAILED, CANCELLED)]
+        failed = [d for d in mine if _failed(d)]
         if failed:
             self.store.set_job(job.job_id, state="failed", error=_describe(failed[0]))
         else:
@@ -575,11 +628,11 @@ class Engine:
         job = self.store.job(job_id)
         if job is None:
             return Reply.error(f"job {job_id} is unknown to the staging daemon")
-        mine = [d for d in job.directives if d.verb == verb]
-        failed = [d for d in mine if d.state in (FAILED, CANCELLED)]
+        mine = [d for d in job.directives if _of_phase(d, verb)]
+        failed = [d for d in mine if _failed(d)]
         if failed:
             return Reply.error(_describe(failed[0]))
-        if all(d.state == DONE for d in mine):
+        if all(d.state == DONE or d.state == CANCELLED for d in mine):
             return Reply.ok()
         return Reply.busy()
 
@@ -634,11 +687,26 @@ def _outputs_at_risk(job: JobRow) -> bool:
     not finish, or the job ran (or was running when torn down) and one never started."""
     ran = job.state in ("running", "staging_out")
     return any(
-        d.verb == "stage_out"
+        _of_phase(d, "stage_out")
         and d.spec.get("source_kind") == "scratch"
-        and (d.state in (RUNNING, FAILED, CANCELLED) or (ran and d.state == PENDING))
+        and (d.state in (RUNNING, FAILED) or (ran and d.state == PENDING) or _failed(d))
         for d in job.directives
     )
+
+
+def _of_phase(d: DirectiveRow, verb: str) -> bool:
+    """Does ``d`` belong to ``verb``'s phase? An in-job copy is one of the job's outputs."""
+    return d.verb == verb or (verb == "stage_out" and d.verb == COPY)
+
+
+def _failed(d: DirectiveRow) -> bool:
+    """Does ``d`` fail its phase? A copy the user cancelled (``bbstage cancel``) does not."""
+    return d.state == FAILED or (d.state == CANCELLED and not _added(d))
+
+
+def _added(d: DirectiveRow) -> bool:
+    """Was ``d`` added at run time (``bbstage copy``, with or without --at-end)?"""
+    return bool(d.spec.get("origin"))
 
 
 def _same_job(job: JobRow, req: Request) -> bool:
@@ -668,4 +736,7 @@ def _slurm_value(value: Any) -> str | None:
 
 
 def _describe(d: DirectiveRow) -> str:
+    if d.spec.get("origin"):  # bbstage copy: no line of the script
+        what = "copy --at-end" if d.verb == "stage_out" else "in-job copy"
+        return f"{what} {d.idx} ({d.source} -> {d.destination}): {d.error or d.state}"
     return f"{d.verb} line {d.line}: {d.error or d.state}"

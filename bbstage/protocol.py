@@ -23,7 +23,13 @@ HOOK_OPS = frozenset(
         "get_status",
     }
 )
-USER_OPS = frozenset({"status", "jobs", "pools", "ping"})
+USER_OPS = frozenset({"status", "jobs", "pools", "ping", "copy", "cancel"})
+MAX_USER_REQUEST = 64 << 10  # bytes of a user-socket request line, or of an API credential line
+
+# Network API (docs/protocol.md "Network API"): one line per connection each way. The client
+# sends a munge credential (ASCII) and a newline; the credential's payload is API_PAYLOAD and
+# then the same JSON request a user-socket client sends. The reply is the user socket's.
+API_PAYLOAD = b"bbstage-api/1 "
 
 OK, BUSY, ERROR = "ok", "busy", "error"
 
@@ -157,6 +163,19 @@ def decode_request(data: bytes, allowed: frozenset[str]) -> Request:
 
 def encode_request(op: str, **fields: Any) -> bytes:
     return json.dumps({"v": VERSION, "op": op, **fields}).encode()
+
+
+def api_payload(op: str, **fields: Any) -> bytes:
+    """What a network API client puts into its munge credential."""
+    return API_PAYLOAD + encode_request(op, **fields)
+
+
+def api_request(payload: bytes) -> bytes:
+    """The request line inside a decoded credential's payload; ProtocolError unless it is
+    one made for this API (a credential minted for another service does not parse)."""
+    if not payload.startswith(API_PAYLOAD):
+        raise ProtocolError("the credential's payload is not a bbstage API request")
+    return payload[len(API_PAYLOAD) :]
 
 
 def reply_frames(reply: Reply) -> list[bytes]:

@@ -30,6 +30,9 @@ def status(job: dict[str, Any]) -> None:
         _print(f"scratch: {job['scratch']}")
     for d in job["directives"]:
         arrow = "in " if d["direction"] == "in" else "out"
+        kind = d.get("kind", "script")
+        if kind != "script":  # bbstage copy: during the job, or --at-end with the stage-outs
+            arrow = "copy" if kind == "copy" else "out (added at run time)"
         progress = f"{_size(d['bytes_done'])}/{_size(d['bytes_total'])}"
         files = f"{d['files_done']}/{d['files_total']} files"
         if d.get("files_skipped"):  # FIFOs, sockets, devices: as rsync, never copied

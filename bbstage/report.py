@@ -55,6 +55,10 @@ def job_status(
         rows.append(
             {
                 "index": d.idx,
+                "id": f"{job.job_id}:{d.idx}",
+                # script: a directive of the script; copy: `bbstage copy` during the job;
+                # at_end: `bbstage copy --at-end`, staged out with the script's stage-outs
+                "kind": d.spec.get("origin", "script"),
                 "line": d.line,
                 "direction": "in" if d.verb == "stage_in" else "out",
                 "source": d.source,

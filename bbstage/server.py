@@ -1,4 +1,6 @@
-"""The daemon's sockets: a ZeroMQ ROUTER for the Slurm hooks, a Unix socket for users."""
+"""The daemon's sockets: a ZeroMQ ROUTER for the Slurm hooks, a Unix socket for users, and
+(``api_address``) the munge-authenticated network API (``netapi.py``). Users' requests from
+either transport are answered by one handler, ``Server.respond``."""
 
 from __future__ import annotations
 
@@ -11,17 +13,17 @@ import struct
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import structlog
 import zmq
 import zmq.asyncio
 
-from bbstage import protocol, report
+from bbstage import jobcheck, protocol, report
 from bbstage.engine import Engine
-from bbstage.protocol import ERROR, OK, ProtocolError, Reply
+from bbstage.protocol import ERROR, MAX_USER_REQUEST, OK, ProtocolError, Reply
 
 log = structlog.get_logger("bbstage.server")
-_MAX_USER_REQUEST = 64 << 10
 # User socket (docs/protocol.md): connections open at once, in all and per uid. Past either,
 # a connection is answered "busy" at once and closed: an idle client holds at most its own
 # uid's share, so one user cannot make `bbstage status` of another wait or fail.
@@ -39,7 +41,9 @@ class Server:
         self._router: zmq.asyncio.Socket | None = None
         self._users: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._open: Counter[int] = Counter()  # user-socket connections being served, by uid
+        self._open: Counter[int] = Counter()  # user requests being served, by uid (both
+        # transports: a user's API requests and socket connections share one allowance)
+        self._api: Any = None  # netapi.Api when api_address is set
 
     async def start(self) -> None:
         control = self.config.socket
@@ -56,10 +60,16 @@ class Server:
         users.parent.mkdir(parents=True, exist_ok=True)
         _unlink_stale(users)
         self._users = await asyncio.start_unix_server(
-            self._serve_user, path=str(users), limit=_MAX_USER_REQUEST
+            self._serve_user, path=str(users), limit=MAX_USER_REQUEST
         )
         os.chmod(users, 0o666)
-        log.info("listening", control=str(control), user=str(users))
+        if self.config.api_address:
+            from bbstage import netapi
+
+            self._api = netapi.Api(self, self.config.api_address, self.config.munge_socket)
+            await self._api.start()
+        log.info("listening", control=str(control), user=str(users),
+                 api=self.config.api_address or None)  # fmt: skip
 
     async def serve_forever(self) -> None:
         assert self._router is not None
@@ -91,16 +101,13 @@ class Server:
             sock = writer.get_extra_info("socket")
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             _pid, peer, _gid = struct.unpack("3i", creds)
-            if not self._admit(peer):
-                body = protocol.encode_user_reply(ERROR, message=self._busy(peer))
+            if not self.admit(peer):
+                body = protocol.encode_user_reply(ERROR, message=self.busy(peer))
             else:
                 uid = peer
                 try:
                     line = await asyncio.wait_for(reader.readline(), USER_READ_TIMEOUT)
-                    request = protocol.decode_request(line, protocol.USER_OPS)
-                    body = await self._answer_user(request, uid)
-                except ProtocolError as exc:
-                    body = protocol.encode_user_reply(ERROR, message=f"bad request: {exc}")
+                    body = await self.respond(line, uid)
                 except (ValueError, asyncio.LimitOverrunError, TimeoutError):
                     body = protocol.encode_user_reply(ERROR, message="bad request")
             writer.write(body)
@@ -109,12 +116,25 @@ class Server:
             pass
         finally:
             if uid is not None:
-                self._open[uid] -= 1
-                if not self._open[uid]:
-                    del self._open[uid]
+                self.release(uid)
             writer.close()
 
-    def _admit(self, uid: int) -> bool:
+    async def respond(self, line: bytes, uid: int) -> bytes:
+        """The one handler of users' requests, whichever transport brought them: ``line``
+        (a JSON request) from ``uid`` (the kernel's word on the Unix socket, munge's on the
+        API; never the request's), answered with what ``uid`` may see or do."""
+        try:
+            request = protocol.decode_request(line, protocol.USER_OPS)
+            return await self._answer_user(request, uid)
+        except ProtocolError as exc:
+            return protocol.encode_user_reply(ERROR, message=f"bad request: {exc}")
+
+    def release(self, uid: int) -> None:
+        self._open[uid] -= 1
+        if not self._open[uid]:
+            del self._open[uid]
+
+    def admit(self, uid: int) -> bool:
         """Count a new connection of ``uid`` unless it is over a limit (see USER_CONNECTIONS)."""
         if self._open[uid] >= USER_CONNECTIONS_PER_UID:
             return False
@@ -123,7 +143,7 @@ class Server:
         self._open[uid] += 1
         return True
 
-    def _busy(self, uid: int) -> str:
+    def busy(self, uid: int) -> str:
         if self._open[uid] >= USER_CONNECTIONS_PER_UID:
             why = f"{self._open[uid]} connections of uid {uid} are open"
         else:
@@ -142,10 +162,46 @@ class Server:
                 )
             status = report.job_status(job, engine.store.attempts(job.job_id), self._why)
             return protocol.encode_user_reply(OK, result=status)
+        if request.op in ("copy", "cancel"):
+            return await self._copy(request, uid)
         if request.op == "jobs":
             # Every job kept for retention_days: read in a thread, not on the hooks' loop.
             return await asyncio.to_thread(self._jobs, uid)
         return protocol.encode_user_reply(OK, result=report.pools(self.config, engine.store))
+
+    async def _copy(self, request: protocol.Request, uid: int) -> bytes:
+        """``copy`` (start an in-job copy, or add one --at-end) and ``cancel``: only for the
+        caller's own job, which must be running (the record; and Slurm's word with
+        ``job_check = "slurm"``)."""
+        engine, job_id = self.engine, request.job_id
+        job = engine.store.job(job_id)
+        if job is None or job.uid != uid:
+            return protocol.encode_user_reply(
+                ERROR, message=f"job {job_id}: no staging job of yours with this id"
+            )
+        try:
+            if request.op == "cancel":
+                index = request.get("index")
+                if not isinstance(index, int) or isinstance(index, bool):
+                    raise ProtocolError("cancel: index must be a number")
+                d = await engine.cancel_copy(job, index)
+                return protocol.encode_user_reply(OK, result={"id": f"{job_id}:{d.idx}",
+                                                              "state": d.state})  # fmt: skip
+            options = {k: str(request.get(k)) for k in ("checksum", "overwrite", "profile")
+                       if request.get(k) is not None}  # fmt: skip
+            source, destination = request.get("source"), request.get("destination")
+            if not isinstance(source, str) or not isinstance(destination, str):
+                raise ProtocolError("copy: source and destination must be strings")
+            if self.config.job_check == "slurm":
+                conf = str(self.config.slurm_conf) if self.config.slurm_conf else None
+                why = await jobcheck.running_as(job_id, uid, conf)
+                if why is not None:
+                    raise ValueError(why)
+                job = engine.store.job(job_id) or job
+            d = engine.add_copy(job, source, destination, options, request.get("at_end") is True)
+        except ValueError as exc:  # ProtocolError too
+            return protocol.encode_user_reply(ERROR, message=f"{request.op}: {exc}")
+        return protocol.encode_user_reply(OK, result={"id": f"{job_id}:{d.idx}", "index": d.idx})
 
     def _jobs(self, uid: int) -> bytes:
         """The ``jobs`` reply: the caller's own jobs (selected in SQL), every job for root
@@ -165,6 +221,8 @@ class Server:
             task.cancel()
         if self._users is not None:
             self._users.close()
+        if self._api is not None:
+            await self._api.close()
         if self._router is not None:
             self._router.close(0)
         self._ctx.term()

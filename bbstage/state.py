@@ -371,6 +371,33 @@ class Store:
 
     # -- directives -------------------------------------------------------------------------
 
+    def add_directive(self, job_id: str, spec: dict[str, Any], limit: int) -> DirectiveRow:
+        """Add a directive decided at run time (an in-job copy, ``bbstage copy``) as the job's
+        next index; ValueError if the job is gone or already has ``limit`` directives."""
+        with self._tx(job_id) as db:
+            row = db.execute(
+                "SELECT COUNT(*), COALESCE(MAX(idx), -1) FROM directives WHERE job_id = ?",
+                (job_id,),
+            ).fetchone()
+            if row[0] >= limit:
+                raise ValueError(
+                    f"job {job_id} has {row[0]} directives and copies, the most a job may have"
+                )
+            idx = int(row[1]) + 1
+            spec = {**spec, "index": idx}
+            d = DirectiveRow(job_id, idx, spec["line"], spec["verb"], spec["source"],
+                             spec["destination"], spec)  # fmt: skip
+            db.execute(
+                "INSERT INTO directives (job_id, idx, line, verb, source, destination, spec)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (job_id, idx, d.line, d.verb, _text(d.source), _text(d.destination),
+                 json.dumps(spec)),
+            )  # fmt: skip
+            cached = self._cache.get(job_id)
+            if cached is not None:
+                self._update(job_id, directives=[*cached.directives, d])
+        return d
+
     def set_directive(self, job_id: str, idx: int, **values: Any) -> None:
         values = {k: _text(v, k) for k, v in values.items()}
         cols = ", ".join(f"{k} = ?" for k in values)

@@ -1,0 +1,74 @@
+"""[R] #37 on the real cluster: in-job copies from a running job, `--at-end`, and `bbstage
+status` over the network API (TCP on 127.0.0.1). Needs the cluster daemon's config to set
+`api_address` and `munge_socket` (the cluster's munged); skipped otherwise.
+
+NOT yet run (written by the r-api session, which may not restart the shared clusters)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import file_digest, wait_until
+
+from .conftest import USER, Cluster, as_user
+
+
+def _api(cluster: Cluster) -> str:
+    conf = Path(cluster.env.get("BBSTAGE_CONFIG", cluster.dir / "etc" / "bbstage.toml"))
+    address = tomllib.loads(conf.read_text()).get("daemon", {}).get("api_address", "")
+    if not address:
+        pytest.skip(f"{conf}: no [daemon] api_address (see the r-api report for the change)")
+    return address
+
+
+def test_a_job_drains_a_checkpoint_while_it_computes(cluster: Cluster, workdir: Path) -> None:
+    api = _api(cluster)
+    out = as_user(workdir / "out")
+    out.mkdir()
+    as_user(out)
+    job = cluster.submit(
+        workdir,
+        f"""#!/bin/bash
+#BB_LUA pool=scratch capacity=1G
+export BBSTAGE_API={api}
+head -c 200000000 /dev/urandom > "$BB_SCRATCH/ckpt.dat"
+sha256sum "$BB_SCRATCH/ckpt.dat" | cut -d' ' -f1 > {out}/expected
+id=$(bbstage copy '$BB_SCRATCH/ckpt.dat' {out}/ckpt.dat --checksum=xxh3) || exit 3
+echo "$id" > {out}/id
+python3 -c 'sum(i*i for i in range(3_000_000))'   # keeps computing meanwhile
+bbstage wait "$id" || exit 4
+head -c 1000000 /dev/urandom > "$BB_SCRATCH/late.dat"
+sha256sum "$BB_SCRATCH/late.dat" | cut -d' ' -f1 > {out}/late.expected
+bbstage copy --at-end '$BB_SCRATCH/late.dat' {out}/late.dat || exit 5
+test ! -e {out}/late.dat || exit 6
+""",
+    )
+    cluster.wait_gone(job, timeout=300)
+    assert cluster.job(job).get("ExitCode", "0:0") == "0:0", (
+        workdir / f"slurm-{job}.out"
+    ).read_text()
+    assert file_digest(out / "ckpt.dat") == (out / "expected").read_text().strip()
+    assert file_digest(out / "late.dat") == (out / "late.expected").read_text().strip()
+    status = cluster.status(job)
+    kinds = sorted((r["kind"], r["state"]) for r in status["directives"])
+    assert kinds == [("at_end", "done"), ("copy", "done")]
+
+
+def test_status_over_tcp_shows_the_job(cluster: Cluster, workdir: Path) -> None:
+    api = _api(cluster)
+    job = cluster.submit(workdir, "#!/bin/bash\n#BB_LUA pool=scratch capacity=1M\nsleep 5\n")
+    wait_until(lambda: cluster.status(job).get("state") == "running", 120, "the job to run")
+    env = {**cluster.env, "BBSTAGE_API": api}
+    import subprocess
+
+    out = subprocess.run(
+        ["runuser", "-u", USER, "--", "bbstage", "status", "--json", job],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["job_id"] == job
+    cluster.wait_gone(job)

@@ -1,0 +1,317 @@
+"""[R] #37: the munge-authenticated network API and in-job copies, against a real daemon and
+a real munged (its own key and socket), with the real Lua hooks run outside Slurm.
+
+The daemon runs with ``job_check = "state"``: "is job J running and owned by U" is answered
+from its own record (set up by the hooks for U, pre_run seen), not by squeue (no Slurm here);
+tests/integration/test_api_cluster.py asks Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bbstage import munge, protocol
+
+from .helpers import file_digest, free_port
+from .hookharness import REPO, Daemon, area, script, start_daemon, user_ids, user_tree
+from .mungeharness import Munged, remove, start_munged
+
+__all__ = ["area"]
+
+
+@pytest.fixture
+def munged(area: Path) -> Iterator[Munged]:
+    m = start_munged(area)
+    yield m
+    remove(m)
+
+
+@pytest.fixture
+def api(area: Path, munged: Munged) -> Iterator[tuple[Daemon, int]]:
+    port = free_port()
+    extra = (f'metrics_address = ""\napi_address = "127.0.0.1:{port}"\n'
+             f'munge_socket = "{munged.socket}"\njob_check = "state"')  # fmt: skip
+    d = start_daemon(area / "d", extra=extra)
+    yield d, port
+    if d.proc.poll() is None:
+        d.stop()
+
+
+def send(port: int, line: bytes) -> dict:
+    """One API exchange: ``line`` (a credential) and a newline; the reply."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(line + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data)
+
+
+def cli(
+    d: Daemon, *args: str, user: str | None = "bbuser1", **env: str
+) -> subprocess.CompletedProcess[str]:
+    argv = ["runuser", "-u", user, "--"] if user else []
+    return subprocess.run(
+        [*argv, sys.executable, "-m", "bbstage.cli", "--config", str(d.config), *args],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    )  # fmt: skip
+
+
+def running_job(d: Daemon, area: Path, job_id: str, *lines: str) -> Path:
+    """Job ``job_id`` of bbuser1 set up, staged in and started; its scratch."""
+    uid, gid = user_ids()
+    job = script(area / f"job{job_id}.sh", *lines)
+    assert d.hook("slurm_bb_setup", job_id, str(uid), str(gid), "(null)", "0", job) == (0, "")
+    assert d.hook("slurm_bb_data_in", job_id, job) == (0, "")
+    assert d.hook("slurm_bb_pre_run", job_id, job)[0] == 0
+    return d.root / "scratch" / job_id
+
+
+# -- authentication ---------------------------------------------------------------------------
+
+
+def test_a_request_with_a_good_credential_is_answered_as_its_uid(
+    api: tuple[Daemon, int], munged: Munged
+) -> None:
+    _, port = api
+    cred = munge.encode(protocol.api_payload("ping"), munged.socket)
+    assert send(port, cred) == {"status": "ok", "result": {"uid": 0}}
+    out = cli(api[0], "status", "1", BBSTAGE_API=f"127.0.0.1:{port}")
+    assert "no staging job of yours" in out.stderr  # as bbuser1, through the API
+
+
+def test_no_credential_garbage_and_a_plain_request_are_refused(api: tuple[Daemon, int]) -> None:
+    _, port = api
+    for line in (b"", b"MUNGE:garbage:", protocol.encode_request("ping")):
+        reply = send(port, line)
+        assert reply["status"] == "error" and "not authenticated" in reply["message"], line
+
+
+def test_a_credential_of_another_key_is_refused(api: tuple[Daemon, int], area: Path) -> None:
+    other = start_munged(area)
+    try:
+        cred = munge.encode(protocol.api_payload("ping"), other.socket)
+    finally:
+        remove(other)
+    reply = send(api[1], cred)
+    assert reply["status"] == "error" and "not authenticated" in reply["message"]
+    assert "Invalid credential" in reply["message"] or "credential" in reply["message"].lower()
+
+
+def test_an_expired_credential_is_refused(api: tuple[Daemon, int], munged: Munged) -> None:
+    cred = munge.encode(protocol.api_payload("ping"), munged.socket, ttl=1)
+    time.sleep(2.2)
+    reply = send(api[1], cred)
+    assert reply == {"status": "error", "message": "not authenticated: munge: Expired credential"}
+
+
+def test_a_replayed_credential_is_refused(api: tuple[Daemon, int], munged: Munged) -> None:
+    cred = munge.encode(protocol.api_payload("ping"), munged.socket)
+    assert send(api[1], cred)["status"] == "ok"
+    reply = send(api[1], cred)
+    assert reply == {"status": "error", "message": "not authenticated: munge: Replayed credential"}
+
+
+def test_a_replay_is_refused_after_munged_restarts_and_forgets(
+    api: tuple[Daemon, int], munged: Munged
+) -> None:
+    """munged keeps the credentials it decoded in memory only: our own cache refuses."""
+    cred = munge.encode(protocol.api_payload("ping"), munged.socket)
+    assert send(api[1], cred)["status"] == "ok"
+    munged.stop()
+    munged.start()
+    assert munge.decode(munge.encode(b"x", munged.socket), munged.socket).payload == b"x"
+    reply = send(api[1], cred)
+    assert reply == {"status": "error", "message": "not authenticated: munge: Replayed credential"}
+
+
+def test_a_payload_not_made_for_the_api_is_refused(api: tuple[Daemon, int], munged: Munged) -> None:
+    cred = munge.encode(protocol.encode_request("ping"), munged.socket)  # no API prefix
+    reply = send(api[1], cred)
+    assert reply["status"] == "error" and "not a bbstage API request" in reply["message"]
+
+
+# -- the same answers, two transports ---------------------------------------------------------
+
+
+def test_status_jobs_pools_over_the_api_match_the_local_socket(
+    api: tuple[Daemon, int], area: Path
+) -> None:
+    d, port = api
+    running_job(d, area, "401")
+    for args in (["status", "401"], ["jobs"], ["pools"], ["status", "--json", "401"]):
+        local = cli(d, *args)
+        remote = cli(d, *args, BBSTAGE_API=f"127.0.0.1:{port}")
+        assert local.returncode == remote.returncode == 0, (local.stderr, remote.stderr)
+        if args[-1] == "401" and "--json" in args:
+            a, b = json.loads(local.stdout), json.loads(remote.stdout)
+            a.pop("updated"), b.pop("updated")
+            assert a == b
+        else:
+            assert local.stdout == remote.stdout
+    other = cli(d, "status", "401", user="bbuser2", BBSTAGE_API=f"127.0.0.1:{port}")
+    assert other.returncode == 3 and "no staging job of yours" in other.stderr
+
+
+# -- in-job copies ----------------------------------------------------------------------------
+
+
+def test_an_in_job_copy_and_an_at_end_copy_land_with_their_bytes(
+    api: tuple[Daemon, int], area: Path
+) -> None:
+    d, port = api
+    uid, gid = user_ids()
+    (area / "out").mkdir()
+    out = user_tree(area / "out", uid, gid)
+    scratch = running_job(d, area, "402")
+    ckpt = scratch / "ckpt.dat"
+    ckpt.write_bytes(os.urandom(24 << 20))
+    final = scratch / "final.dat"
+    final.write_bytes(os.urandom(3 << 20))
+    user_tree(scratch, uid, gid)
+    env = {"BBSTAGE_API": f"127.0.0.1:{port}", "SLURM_JOB_ID": "402"}
+    copied = cli(d, "copy", "$BB_SCRATCH/ckpt.dat", f"{out}/ckpt.dat", "--checksum=xxh3", **env)
+    assert copied.returncode == 0, copied.stderr
+    assert copied.stdout.strip() == "402:0"
+    at_end = cli(d, "copy", "--at-end", "$BB_SCRATCH/final.dat", f"{out}/final.dat", **env)
+    assert at_end.returncode == 0 and at_end.stdout.strip() == "402:1", at_end.stderr
+    waited = cli(d, "wait", **env)
+    assert waited.returncode == 0, waited.stderr
+    assert file_digest(out / "ckpt.dat") == file_digest(ckpt)
+    assert (out / "ckpt.dat").stat().st_uid == uid
+    assert not (out / "final.dat").exists()  # --at-end: after the job
+    status = json.loads(cli(d, "status", "--json", "402", **env).stdout)
+    kinds = {r["id"]: (r["kind"], r["state"]) for r in status["directives"]}
+    assert kinds == {"402:0": ("copy", "done"), "402:1": ("at_end", "pending")}
+    shown = cli(d, "status", "402", **env).stdout
+    assert "#0 copy done" in shown and "added at run time" in shown
+    digest = file_digest(final)
+    assert d.hook("slurm_bb_data_out", "402", str(area / "job402.sh")) == (0, "")
+    assert file_digest(out / "final.dat") == digest
+    assert d.hook("slurm_bb_job_teardown", "402", str(area / "job402.sh"), "false")[0] == 0
+    assert not scratch.exists()
+
+
+def test_a_copy_into_another_users_job_is_refused(api: tuple[Daemon, int], area: Path) -> None:
+    d, port = api
+    scratch = running_job(d, area, "403")
+    env = {"BBSTAGE_API": f"127.0.0.1:{port}", "SLURM_JOB_ID": "403"}
+    out = cli(d, "copy", "$BB_SCRATCH/x", "/tmp/x", user="bbuser2", **env)
+    assert out.returncode != 0 and "no staging job of yours" in out.stderr
+    local = cli(d, "copy", "$BB_SCRATCH/x", "/tmp/x", user="bbuser2", SLURM_JOB_ID="403")
+    assert local.returncode != 0 and "no staging job of yours" in local.stderr
+    status = json.loads(cli(d, "status", "--json", "403").stdout)
+    assert status["directives"] == [] and scratch.exists()
+
+
+def test_a_root_only_source_is_refused_as_a_directive_is(
+    api: tuple[Daemon, int], area: Path
+) -> None:
+    d, port = api
+    secret = area / "secret"
+    secret.mkdir(mode=0o700)
+    (secret / "key").write_bytes(b"root's secret\n")
+    uid, gid = user_ids()
+    (area / "out2").mkdir()
+    out = user_tree(area / "out2", uid, gid)
+    running_job(d, area, "404")
+    env = {"BBSTAGE_API": f"127.0.0.1:{port}", "SLURM_JOB_ID": "404"}
+    copied = cli(d, "copy", str(secret / "key"), f"{out}/key", "--wait", **env)
+    assert copied.returncode == 1
+    assert "Permission denied" in copied.stderr or "permission" in copied.stderr.lower()
+    assert not (out / "key").exists()
+    waited = cli(d, "wait", **env)
+    assert waited.returncode == 1 and "404:0 failed" in waited.stderr
+
+
+def test_a_copy_is_checked_by_the_directives_rules_and_needs_a_running_job(
+    api: tuple[Daemon, int], area: Path
+) -> None:
+    d, port = api
+    running_job(d, area, "405")
+    env = {"BBSTAGE_API": f"127.0.0.1:{port}", "SLURM_JOB_ID": "405"}
+    bad = cli(d, "copy", "$BB_SCRATCH/../etc/passwd", "/tmp/x", **env)
+    assert bad.returncode != 0 and ".." in bad.stderr
+    rel = cli(d, "copy", "relative", "/tmp/x", **env)
+    assert rel.returncode != 0 and "relative path" in rel.stderr
+    uid, gid = user_ids()
+    job = script(area / "job406.sh")
+    assert d.hook("slurm_bb_setup", "406", str(uid), str(gid), "(null)", "0", job) == (0, "")
+    early = cli(d, "copy", "$BB_SCRATCH/x", "/tmp/x", BBSTAGE_API=f"127.0.0.1:{port}",
+                SLURM_JOB_ID="406")  # fmt: skip
+    assert early.returncode != 0 and "is not running" in early.stderr
+
+
+def test_a_copy_running_at_the_jobs_end_is_waited_for_and_survives_a_daemon_kill(
+    api: tuple[Daemon, int], area: Path, munged: Munged
+) -> None:
+    """SIGKILL of the daemon while an in-job copy runs: after the restart the copy is run
+    again and ends done with every byte; the job's stage-out waits for it."""
+    d, port = api
+    uid, gid = user_ids()
+    (area / "out3").mkdir()
+    out = user_tree(area / "out3", uid, gid)
+    scratch = running_job(d, area, "407")
+    big = scratch / "big"
+    big.mkdir()
+    for i in range(40):
+        (big / f"f{i:02d}").write_bytes(os.urandom(4 << 20))
+    user_tree(scratch, uid, gid)
+    env = {"BBSTAGE_API": f"127.0.0.1:{port}", "SLURM_JOB_ID": "407"}
+    copied = cli(d, "copy", "$BB_SCRATCH/big/", f"{out}/big/", **env)
+    assert copied.returncode == 0, copied.stderr
+    d.kill()  # at once: the copy of 160 MiB is under way
+    d2 = start_daemon(d.root, extra=(f'metrics_address = ""\napi_address = "127.0.0.1:{port}"\n'
+                      f'munge_socket = "{munged.socket}"\njob_check = "state"'))  # fmt: skip
+    try:
+        waited = cli(d2, "wait", "--timeout", "60", **env)  # resumed with no hook's help
+        assert waited.returncode == 0, waited.stderr
+        assert d2.hook("slurm_bb_data_out", "407", str(area / "job407.sh")) == (0, "")
+        status = json.loads(cli(d2, "status", "--json", "407", **env).stdout)
+        assert [(r["kind"], r["state"]) for r in status["directives"]] == [("copy", "done")]
+        for f in big.iterdir():
+            assert file_digest(out / "big" / f.name) == file_digest(f), f.name
+        assert not [p for p in (out / "big").iterdir() if p.name.startswith(".")]
+        log = (d.root / "daemon.log").read_text()
+        assert '"copy": 0' in log.split('"daemon started"')[-2], "not resumed: it had ended"
+    finally:
+        d2.stop()
+
+
+def test_a_cancelled_copy_fails_nothing(api: tuple[Daemon, int], area: Path) -> None:
+    """An --at-end copy cancelled before the job ends is not staged out and fails nothing;
+    an in-job copy cancelled (or already done) neither."""
+    d, port = api
+    uid, gid = user_ids()
+    (area / "out4").mkdir()
+    out = user_tree(area / "out4", uid, gid)
+    scratch = running_job(d, area, "408")
+    (scratch / "t").mkdir()
+    for i in range(40):
+        (scratch / "t" / f"f{i:02d}").write_bytes(os.urandom(4 << 20))
+    user_tree(scratch, uid, gid)
+    env = {"BBSTAGE_API": f"127.0.0.1:{port}", "SLURM_JOB_ID": "408"}
+    assert cli(d, "copy", "$BB_SCRATCH/t/", f"{out}/t/", **env).stdout.strip() == "408:0"
+    late = cli(d, "copy", "--at-end", "$BB_SCRATCH/t/", f"{out}/late/", **env)
+    assert late.stdout.strip() == "408:1", late.stderr
+    cancelled = cli(d, "cancel", "408:0", **env)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout in ("408:0 cancelled\n", "408:0 done\n")  # it may have ended
+    dropped = cli(d, "cancel", "408:1", **env)
+    assert dropped.returncode == 0 and dropped.stdout == "408:1 cancelled\n", dropped.stderr
+    assert d.hook("slurm_bb_data_out", "408", str(area / "job408.sh")) == (0, "")
+    status = json.loads(cli(d, "status", "--json", "408").stdout)
+    assert status["state"] == "staged_out"
+    assert not (out / "late").exists()
