@@ -669,7 +669,7 @@ class Engine:
 def _order_of(req: Request) -> tuple[float, float]:
     """A job's place among its user's transfers: the start Slurm expects (``start_time``,
     0 when it has none), then the higher ``priority``; a hook that does not send them
-    (they are not forwarded yet) leaves arrival order."""
+    (22.05 has no job_info) leaves arrival order."""
 
     def number(name: str) -> float:
         try:

@@ -101,6 +101,8 @@ function M.forward(zmtp, socket_path, op, timeout, job_id, script, uid, gid, job
 	local fields = { job_id = job_id, uid = uid, gid = gid, script = script }
 	if job_info ~= nil then
 		fields.nodes, fields.work_dir = job_info.nodes, job_info.work_dir
+		-- Fair share stages a user's jobs expected to start first first (0: no estimate).
+		fields.start_time, fields.priority = job_info.start_time, job_info.priority
 	end
 	for k, v in pairs(extra or {}) do fields[k] = v end
 	return M.call(zmtp, socket_path, op, fields, timeout or STAGE_TIMEOUT)

@@ -1,6 +1,7 @@
 -- Call one hook of an installed burst_buffer.lua the way Slurm does, outside Slurm.
 -- usage: lua5.N call_hook.lua <dir with burst_buffer.lua> <hook name> [args...]
 -- Prints "rc=<rc>" then the message. The `slurm` table is a stand-in for Slurm's.
+-- An argument "job_info:k=v,k=v" is passed as a job_info table (numbers where v is one).
 slurm = {
 	SUCCESS = 0, ERROR = -1,
 	log_info = function() end, log_debug = function() end,
@@ -17,6 +18,11 @@ local args = {}
 for i = 3, #arg do
 	local v = arg[i]
 	if v == "nil" then v = nil end
+	if v and v:sub(1, 9) == "job_info:" then
+		local t = {}
+		for k, x in v:sub(10):gmatch("([%w_]+)=([^,]*)") do t[k] = tonumber(x) or x end
+		v = t
+	end
 	args[i - 2] = v
 end
 local rc, message = _G[hook]((table.unpack or unpack)(args, 1, #arg - 2))
