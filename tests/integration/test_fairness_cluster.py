@@ -7,6 +7,7 @@ import os
 import pwd
 import shutil
 import signal
+import stat
 import time
 from pathlib import Path
 
@@ -72,3 +73,70 @@ def test_a_stopped_users_copies_do_not_hold_another_users_small_job(
                 pass
         cluster.wait_gone(heavy, timeout=120)
         shutil.rmtree(light_dir, ignore_errors=True)
+
+
+def test_fifo_sources_fail_at_once_naming_the_first_and_hold_nobody(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """The issue's scenario: bbuser1's job stages six FIFOs that nobody writes (a hung
+    server looks the same to a copier); bbuser2's small job, submitted just after, is
+    COMPLETED within 30 s, byte for byte, and the FIFO job is held with a reason naming its
+    first FIFO (only regular files are copied: opened O_NONBLOCK, then fstat)."""
+    fifos = [workdir / f"fifo{i}" for i in range(6)]
+    for f in fifos:
+        os.mkfifo(f)
+    lines = [
+        f"#BB_LUA stage_in source={f} destination={workdir}/out{i}" for i, f in enumerate(fifos)
+    ]
+    as_user(workdir)
+    workdir.chmod(0o755)
+    stuck = cluster.submit(workdir, "#!/bin/bash\n" + "\n".join(lines) + "\ntrue\n")
+    light_dir = workdir / "light"
+    light_dir.mkdir()
+    data = os.urandom(1 << 20)
+    (light_dir / "in").write_bytes(data)
+    as_user(light_dir, OTHER)
+    body = (
+        f"#!/bin/bash\n#BB_LUA stage_in source={light_dir}/in destination={light_dir}/out\n"
+        f"cat {light_dir}/out > /dev/null\n"
+    )
+    asked = time.monotonic()
+    light = cluster.submit(light_dir, body, user=OTHER)
+    try:
+        info = cluster.wait_state(light, "COMPLETED", "FAILED", "CANCELLED", timeout=30)
+        assert info["JobState"] == "COMPLETED", info
+        assert time.monotonic() - asked < 30
+        assert file_digest(light_dir / "out") == file_digest(light_dir / "in")
+        held = cluster.wait(stuck, lambda j: "not a regular file" in j.get("Reason", ""), 60)
+        assert f"not a regular file: {fifos[0]} is a FIFO" in held["Reason"], held
+        assert not any(workdir.glob("out*"))
+    finally:
+        cluster.run("scancel", stuck, check=False)
+        cluster.wait_gone(stuck, timeout=120)
+
+
+def test_special_files_in_a_tree_are_skipped_counted_and_the_rest_staged(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """A FIFO and a character device inside a staged tree are skipped and counted (as rsync
+    does), shown by ``bbstage status``; every regular file lands byte for byte."""
+    tree = workdir / "tree"
+    (tree / "sub").mkdir(parents=True)
+    for i in range(3):
+        (tree / "sub" / f"f{i}").write_bytes(os.urandom(4096 * (i + 1)))
+    os.mkfifo(tree / "pipe")
+    os.mknod(tree / "sub" / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    as_user(workdir)
+    job = cluster.submit(
+        workdir,
+        f"#!/bin/bash\n#BB_LUA stage_in source={tree}/ destination={workdir}/copy/\ntrue\n",
+    )
+    cluster.wait_gone(job, timeout=120)
+    assert cluster.job(job)["JobState"] == "COMPLETED"
+    for i in range(3):
+        name = f"sub/f{i}"
+        assert file_digest(workdir / "copy" / name) == file_digest(tree / name)
+    assert not (workdir / "copy" / "pipe").exists()
+    assert not (workdir / "copy" / "sub" / "null").exists()
+    [d] = cluster.status(job)["directives"]
+    assert d["files_skipped"] == 2, d
