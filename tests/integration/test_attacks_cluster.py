@@ -92,3 +92,39 @@ def test_binary_garbage_is_refused_and_slurmctld_lives(cluster: Cluster, workdir
     out = cluster.run("sbatch", f"--chdir={workdir}", str(script), user="bbuser1", check=False)
     assert "Submitted" not in out
     assert "idle" in cluster.run("sinfo", "-h", "-o", "%T") or cluster.run("sinfo", "-h")
+
+
+def test_a_hostile_file_name_reaches_the_reason_escaped_and_bounded(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """A tree entry that the user cannot read, named to forge a slurmctld log line and to
+    send an escape sequence, long enough to make a long reason: the job's Slurm reason (and
+    slurmctld's log) get it escaped (\\x0a, \\x1b), never raw, and bounded (~1 KiB)."""
+    tree = workdir / "tree"
+    tree.mkdir()
+    name = "a\nslurmctld: error: forged\x1b]0;owned\x07" + "x" * 200
+    secret = tree / name
+    secret.write_bytes(b"root's")
+    secret.chmod(0o600)  # root's: the copy, as the user, is refused naming it
+    (tree / "deep").mkdir()
+    for i in range(8):  # more unreadable names: a reason that would be long
+        p = tree / "deep" / (f"{i}\x1b[2J" + "y" * 240)
+        p.write_bytes(b"x")
+        p.chmod(0o600)
+    as_user(tree / "deep")  # the directory is the user's, its files stay root's
+    for p in (tree / "deep").iterdir():
+        shutil.chown(p, "root", "root")
+    job = cluster.submit(
+        workdir, f"#!/bin/bash\n#BB_LUA stage_in source={tree}/ destination={workdir}/c/\ntrue\n"
+    )
+    try:
+        info = cluster.wait(job, lambda j: "permission denied" in j.get("Reason", ""), 90)
+        reason = info["Reason"]
+        assert "\x1b" not in reason and "\n" not in reason and "\x07" not in reason
+        assert "\\x0aslurmctld: error: forged\\x1b]0;owned\\x07" in reason or "\\x1b[2J" in reason
+        assert len(reason) < 1400, len(reason)
+        log = (cluster.dir / "log" / "slurmctld.log").read_bytes()
+        assert b"\nslurmctld: error: forged" not in log and b"\x1b]0;owned" not in log
+    finally:
+        cluster.run("scancel", job, check=False)
+        cluster.wait_gone(job, timeout=120)
