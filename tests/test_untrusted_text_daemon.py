@@ -17,7 +17,10 @@ from bbstage.protocol import ERROR_MAX
 from bbstage.state import Store
 from bbstage.transfer import Planned
 from tests.hookharness import Daemon, area, daemon, script, user_ids, user_tree
+from tests.luas import ENDS, lua_fixture
 from tests.unit.test_engine import FakeExecutor, ask, setup
+
+lua = lua_fixture(ENDS)  # the real hooks under the oldest and newest Lua
 
 __all__ = ["area", "daemon"]  # the fixtures
 FORGED = "a\nslurmctld: error: forged\x1b]0;pwned\x07\u202egpj.exe"
