@@ -143,6 +143,19 @@ def daemon(area: Path, lua: str) -> Iterator[Daemon]:
         d.stop()
 
 
+def hooks_without_daemon(root: Path, lua: str) -> Daemon:
+    """The real hooks installed under ``root`` for ``lua``, talking to ``root/control.sock``,
+    where no daemon runs: a test puts its own ZeroMQ ROUTER there (tests/test_zmtp_lua.py)."""
+    etc, config = root / "etc", root / "bbstage.toml"
+    config.write_text(f'[daemon]\nsocket = "{root}/control.sock"\n')
+    subprocess.run(
+        [sys.executable, "-m", "bbstage.cli", "--config", str(config), "install-lua",
+         "--dest", str(etc), "--lua", version(lua)],
+        check=True, capture_output=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    return Daemon(root, config, etc, None, lua)  # type: ignore[arg-type]
+
+
 def user_tree(path: Path, uid: int, gid: int) -> Path:
     for p in [path, *path.rglob("*")]:
         os.chown(p, uid, gid, follow_symlinks=False)

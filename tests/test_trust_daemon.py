@@ -9,13 +9,21 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from . import helpers
 from .helpers import make_tree, tree_digests, wait_until
-from .hookharness import REPO, Daemon, area, script, start_daemon, user_ids, user_tree
-from .luas import ENDS, lua_fixture, version
+from .hookharness import (
+    REPO,
+    Daemon,
+    area,
+    hooks_without_daemon,
+    script,
+    start_daemon,
+    user_ids,
+    user_tree,
+)
+from .luas import ENDS, lua_fixture
 
 __all__ = ["area"]  # fixture
 # Faults of the daemon, with the hooks (and their reconnections) under the oldest and the
@@ -173,17 +181,9 @@ def test_a_blocking_data_in_never_takes_busy_for_staged(lua: str, tmp_path: Path
     """Before 24.05 any success from data_in starts the job: a daemon's "busy" must fail it."""
     from .test_zmtp_lua import Router
 
-    etc = tmp_path / "etc"
-    config = tmp_path / "bbstage.toml"
-    config.write_text(f'[daemon]\nsocket = "{tmp_path}/control.sock"\n')
-    subprocess.run(
-        [sys.executable, "-m", "bbstage.cli", "--config", str(config), "install-lua",
-         "--dest", str(etc), "--lua", version(lua)],
-        check=True, capture_output=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    d = hooks_without_daemon(tmp_path, lua)
     router = Router(tmp_path / "control.sock", lambda r, msg: r.reply(msg, b"busy", b""))
     try:
-        d = Daemon(tmp_path, config, etc, None, lua)  # type: ignore[arg-type]
         job = script(tmp_path / "job.sh", "stage_in source=/a destination=/b")
         for hook in ("slurm_bb_data_in", "slurm_bb_data_out"):
             rc, message = d.hook(hook, "330", job)  # 22.05: no uid
