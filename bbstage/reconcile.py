@@ -23,12 +23,26 @@ Slurm keeps waiting for a stage-in for ``STRANDED_GRACE`` seconds is cancelled i
 the reason in the daemon's record (`bbstage status`): a clear failure instead of a job that
 waits for ever. Slurm offers no way to restart its stage-in (`scontrol requeue` refuses a
 pending job; the burst buffer of a pending job cannot be changed).
+
+The same race can end the other way (seen on 26.05.5, the code is the same in 24.11):
+slurmscriptd ends a stage-in hook at shutdown without marking it as killed by slurmctld,
+Slurm takes that as the hook failing with no message, holds the job (priority 0), tears it
+down (``TeardownFailure``) and saves it held: it stays PENDING with reason
+``burst_buffer/lua: JobHeldAdmin: slurm_bb_test_data_in failed: `` (24.11 and 22.05:
+``burst_buffer/lua: slurm_bb_test_data_in: ``) until someone runs ``scontrol release``. A
+failure bbstage answers always carries a message, so a stage-in hook's failure *without* one
+is Slurm's doing: a job held for that, for which the daemon never recorded a failed
+stage-in, is released (``scontrol release``; Slurm stages it again from the start), once
+per job while the daemon runs. The jobs come from the whole pass's `squeue` (the jobs the
+daemon stages and those it tore down in the last hour) and, for a job the daemon has no
+record of, from one `squeue -t PD` every ``HELD_SCAN`` seconds (less often where it is slow).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import time
 from collections import deque
@@ -39,7 +53,7 @@ import structlog
 
 from bbstage.engine import Engine
 from bbstage.protocol import Request
-from bbstage.state import JobRow
+from bbstage.state import FAILED, JobRow
 
 log = structlog.get_logger("bbstage.reconcile")
 
@@ -63,6 +77,17 @@ STRANDED_WATCH = 3600.0
 # A job we cancelled that Slurm waits this long for its stage-in is stranded. A real stage-in
 # sends setup within milliseconds of Slurm's entering that state (and replaces our record).
 STRANDED_GRACE = 60.0
+
+# The pending jobs of the whole cluster are listed this often (seconds), to find the jobs Slurm
+# held for a stage-in hook it killed (the module's docstring) that the daemon has no record of.
+HELD_SCAN = 60.0
+# Slurm's reason for a job held because a stage-in hook failed with an empty message:
+# 24.11 (and 22.05) "burst_buffer/lua: <hook>: ", 26.05 "burst_buffer/lua: JobHeldAdmin:
+# <hook> failed: " (_fail_stage). The stage-in hooks are those of Slurm's _start_stage_in.
+_STAGE_IN_HOOKS = "slurm_bb_(?:setup|data_in|test_data_in|real_size)"
+HELD_SILENTLY = re.compile(
+    rf"burst_buffer/lua: (?:JobHeldAdmin: {_STAGE_IN_HOOKS} failed|{_STAGE_IN_HOOKS}):\s*"
+)
 
 
 class SlurmJob(NamedTuple):
@@ -142,6 +167,84 @@ async def cancel_in_slurm(job_id: str, slurm_conf: str | None) -> bool:
     return code == 0
 
 
+async def release_in_slurm(job_id: str, slurm_conf: str | None) -> bool:
+    """``scontrol release JOB``; whether slurmctld took it."""
+    if not job_id.isdigit():  # an id from squeue: never an option or a list
+        log.error("not a job id: cannot release it", job_id=job_id)
+        return False
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        log.error("scontrol not found: cannot release a held job", job_id=job_id)
+        return False
+    code, _, err = await _slurm(scontrol, ["release", job_id], slurm_conf)
+    if code:
+        log.error("scontrol release failed: release the job by hand", job_id=job_id,
+                  error=err.decode(errors="replace").strip())  # fmt: skip
+    return code == 0
+
+
+async def held_in_slurm(slurm_conf: str | None) -> dict[str, SlurmJob] | None:
+    """The pending jobs of the cluster whose reason is burst_buffer/lua's (one `squeue -t PD`);
+    None if slurmctld cannot be asked."""
+    squeue = shutil.which("squeue")
+    if squeue is None:
+        return None
+    code, out, _ = await _slurm(squeue, ["-h", "-t", "PD", "-o", "%A %T %r"], slurm_conf)
+    if code:
+        return None  # the whole pass reports a slurmctld that does not answer
+    held = {}
+    for line in out.decode(errors="replace").splitlines():
+        job_id, state, reason = (line.split(" ", 2) + ["", ""])[:3]
+        if reason.startswith("burst_buffer/lua:"):
+            held[job_id.strip()] = SlurmJob(state.strip(), reason)
+    return held
+
+
+def held_silently(slurm: SlurmJob) -> bool:
+    """Is the job held by Slurm for a stage-in hook that failed with no message at all?"""
+    return slurm.state == "PENDING" and HELD_SILENTLY.fullmatch(slurm.reason) is not None
+
+
+def _failed_here(engine: Engine, job_id: str) -> bool:
+    """Did the daemon record a failed stage-in for the job (which it answers as an error, with
+    a message)? A job it has no record of, or whose transfers were only cancelled (the
+    teardown that follows Slurm's hold), did not fail here."""
+    job = engine.store.job(job_id)
+    return job is not None and any(
+        d.verb == "stage_in" and d.state == FAILED for d in job.directives
+    )
+
+
+async def release_held(
+    engine: Engine, slurm: dict[str, SlurmJob], released: set[str], conf: str | None
+) -> list[str]:
+    """Release in Slurm the jobs of ``slurm`` that it held for a stage-in hook it killed (the
+    module's docstring), each once: ``released`` holds the ids released already; their ids."""
+    done = []
+    for job_id in sorted(slurm):
+        if job_id in released or not held_silently(slurm[job_id]):
+            continue
+        if _failed_here(engine, job_id):
+            continue  # a failure of ours (Slurm would show its message): the job stays held
+        released.add(job_id)  # once, whatever scontrol answers: never a loop
+        log.warning("slurm held the job for a stage-in hook it killed: releasing it",
+                    job_id=job_id, reason=slurm[job_id].reason.strip())  # fmt: skip
+        if await release_in_slurm(job_id, conf):
+            done.append(job_id)
+    return done
+
+
+async def held(engine: Engine, released: set[str], pace: Pace | None = None) -> list[str]:
+    """List the cluster's pending jobs (timed by ``pace``) and release those Slurm held for a
+    stage-in hook it killed; their ids."""
+    conf = str(engine.config.slurm_conf) if engine.config.slurm_conf else None
+    started = time.monotonic()
+    found = await held_in_slurm(conf)
+    if pace is not None:
+        pace.took(time.monotonic() - started)
+    return await release_held(engine, found or {}, released, conf)
+
+
 # A job squeue does not list must stay unlisted this long before it counts as gone: Slurm
 # runs setup for an array task before squeue can find the task by its own id.
 MISSING_GRACE = 120.0
@@ -151,11 +254,14 @@ async def once(
     engine: Engine,
     missing: dict[str, float] | None = None,
     stranded: dict[str, float] | None = None,
+    released: set[str] | None = None,
 ) -> list[str]:
-    """One pass; returns the job ids torn down or cancelled. ``missing``: job id → when first
-    unlisted; ``stranded``: job id → when first seen stranded; both carried between passes."""
+    """One pass; returns the job ids torn down, cancelled or released. ``missing``: job id →
+    when first unlisted; ``stranded``: job id → when first seen stranded; ``released``: the
+    jobs released from a hold already (``release_held``); all carried between passes."""
     missing = {} if missing is None else missing
     stranded = {} if stranded is None else stranded
+    released = set() if released is None else released
     jobs = engine.store.jobs(BEFORE_RUN + AFTER_RUN)
     cancelled = engine.store.jobs(("cancelled",), updated_since=time.time() - STRANDED_WATCH)
     if not jobs and not cancelled:
@@ -180,7 +286,8 @@ async def once(
     for job_id in orphans:
         await _tear_down(engine, job_id, states.get(job_id))
         missing.pop(job_id, None)
-    return orphans + await _end_stranded(engine, cancelled, states, stranded, now, conf)
+    ended = await _end_stranded(engine, cancelled, states, stranded, now, conf)
+    return orphans + ended + await release_held(engine, states, released, conf)
 
 
 class Pace:
@@ -190,14 +297,15 @@ class Pace:
     from the page cache, a busy machine: 2.7 s to see an scancel in CI) does not stretch
     the pause, a squeue that dumps a big cluster's jobs every time does."""
 
-    def __init__(self) -> None:
-        self.seconds = STAGE_IN_WATCH
+    def __init__(self, base: float | None = None) -> None:
+        self.base = STAGE_IN_WATCH if base is None else base  # the pause for a fast squeue
+        self.seconds = self.base
         self._calls: deque[float] = deque(maxlen=PACE_CALLS)
 
     def took(self, seconds: float) -> None:
         """The last call took ``seconds``."""
         self._calls.append(seconds)
-        self.seconds = max(STAGE_IN_WATCH, min(self._calls) / WATCH_SHARE)
+        self.seconds = max(self.base, min(self._calls) / WATCH_SHARE)
 
 
 async def stage_ins(engine: Engine, pace: Pace | None = None) -> list[str]:
@@ -256,22 +364,26 @@ async def _end_stranded(
 
 
 async def forever(engine: Engine) -> None:
-    """Reconcile every ``reconcile_interval`` seconds, and check the jobs being staged in
-    as often as their ``Pace`` says (``STAGE_IN_WATCH``); never if the interval is 0."""
+    """Reconcile every ``reconcile_interval`` seconds, check the jobs being staged in as
+    often as their ``Pace`` says (``STAGE_IN_WATCH``), and the cluster's held jobs as often as
+    theirs says (``HELD_SCAN``); never if the interval is 0."""
     interval = engine.config.reconcile_interval
     if interval <= 0:
         return
     missing: dict[str, float] = {}
     stranded: dict[str, float] = {}
+    released: set[str] = set()
     pace = Pace()
+    held_pace = Pace(HELD_SCAN)
 
     async def whole() -> None:
-        await once(engine, missing, stranded)
+        await once(engine, missing, stranded, released)
         await engine.purge_expired()
 
     await asyncio.gather(
         _every(lambda: interval, whole),
         _every(lambda: min(interval, pace.seconds), lambda: stage_ins(engine, pace)),
+        _every(lambda: max(interval, held_pace.seconds), lambda: held(engine, released, held_pace)),
     )
 
 

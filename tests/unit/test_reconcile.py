@@ -1,5 +1,6 @@
 """The reconciler: dead jobs are torn down at once, missing ones only after a grace period,
-stranded ones (cancelled here, waiting for a stage-in in Slurm) cancelled in Slurm."""
+stranded ones (cancelled here, waiting for a stage-in in Slurm) cancelled in Slurm, and jobs
+Slurm held for a stage-in hook it killed (an empty message) released, once."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from bbstage import reconcile
 
 
 class FakeEngine:
-    def __init__(self, jobs: dict[str, str]) -> None:
+    def __init__(self, jobs: dict[str, str], stage_in: dict[str, str] | None = None) -> None:
         self.jobs = jobs
+        self.stage_in = stage_in or {}  # job id → the state of its one stage_in directive
         self.torn: list[str] = []
         self.errors: dict[str, str] = {}
         made = time.time()
@@ -28,6 +30,15 @@ class FakeEngine:
                 if s in states and (updated_since is None or made >= updated_since)
             ],
             set_job=self.set_job,
+            job=self.job,
+        )
+
+    def job(self, job_id: str) -> SimpleNamespace | None:
+        if job_id not in self.jobs:
+            return None
+        states = [self.stage_in.get(job_id, "done")]
+        return SimpleNamespace(
+            directives=[SimpleNamespace(verb="stage_in", state=s) for s in states]
         )
 
     def set_job(self, job_id: str, state: str, error: str) -> None:
@@ -40,6 +51,13 @@ class FakeEngine:
 
 
 SCANCELLED: list[str] = []
+RELEASED: list[str] = []  # what `scontrol release` was asked, unless a test runs a fake one
+REAL_RELEASE = reconcile.release_in_slurm
+
+
+async def record_release(job_id: str, conf: str | None) -> bool:
+    RELEASED.append(job_id)
+    return True
 
 
 def run(
@@ -47,6 +65,7 @@ def run(
     states: dict[str, str],
     missing: dict[str, float],
     stranded: dict[str, float] | None = None,
+    released: set[str] | None = None,
 ) -> list[str]:
     """One pass, squeue answering ``states`` (job id → "STATE" or "STATE Reason")."""
 
@@ -59,14 +78,16 @@ def run(
 
     reconcile.slurm_states = fake_states  # type: ignore[assignment]
     reconcile.cancel_in_slurm = fake_cancel  # type: ignore[assignment]
-    return asyncio.run(reconcile.once(engine, missing, stranded))  # type: ignore[arg-type]
+    return asyncio.run(reconcile.once(engine, missing, stranded, released))  # type: ignore[arg-type]
 
 
 @pytest.fixture(autouse=True)
 def restore(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reconcile, "slurm_states", reconcile.slurm_states)
     monkeypatch.setattr(reconcile, "cancel_in_slurm", reconcile.cancel_in_slurm)
+    monkeypatch.setattr(reconcile, "release_in_slurm", record_release)  # never the real one
     SCANCELLED.clear()
+    RELEASED.clear()
 
 
 def test_cancelled_before_running_is_torn_down_at_once() -> None:
@@ -350,3 +371,144 @@ def test_a_slow_quick_check_still_runs_every_reconcile_interval(
 
     asyncio.run(briefly())
     assert len(calls) >= 3
+
+
+# -- jobs Slurm held for a stage-in hook it killed (Slurm 24.11/26.05 restart race) ------------
+
+HELD_2411 = "burst_buffer/lua: slurm_bb_test_data_in: "
+HELD_2605 = "burst_buffer/lua: JobHeldAdmin: slurm_bb_data_in failed: "
+
+FAKE_SLURM = """#!/bin/sh
+echo "$(basename "$0") $* SLURM_CONF=$SLURM_CONF" >> {calls}
+if [ "$(basename "$0")" = squeue ]; then cat {listing}; fi
+if [ "$(basename "$0")" = scontrol ]; then exit {release_exit}; fi
+"""
+
+
+def fake_slurm(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, listing: str, release_exit: int = 0
+) -> Any:
+    """squeue printing ``listing`` and scontrol, both logging their argv; the log's path."""
+    calls, out = tmp_path / "calls", tmp_path / "listing"
+    out.write_bytes(listing.encode())
+    for tool in ("squeue", "scontrol"):
+        script = tmp_path / tool
+        script.write_text(FAKE_SLURM.format(calls=calls, listing=out, release_exit=release_exit))
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(reconcile, "release_in_slurm", REAL_RELEASE)  # runs the fake scontrol
+    return calls
+
+
+def scan(engine: FakeEngine, released: set[str]) -> list[str]:
+    return asyncio.run(reconcile.held(engine, released))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        pytest.param(HELD_2411, id="2411"),
+        pytest.param(HELD_2605, id="2605"),
+        pytest.param(HELD_2605.rstrip() + " \t ", id="2605-trailing-whitespace"),
+    ],
+)
+def test_a_job_slurm_held_for_a_stage_in_hook_it_killed_is_released(
+    reason: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 70: torn down here (Slurm's TeardownFailure teardown: its copy cancelled, no failure);
+    # 71: unknown to the daemon (e.g. setup killed before it reached it).
+    engine = FakeEngine({"70": "cancelled"}, stage_in={"70": "cancelled"})
+    engine.config.slurm_conf = "/etc/slurm-test/slurm.conf"
+    calls = fake_slurm(tmp_path, monkeypatch, f"70 PENDING {reason}\n71 PENDING {reason}\n")
+    assert scan(engine, set()) == ["70", "71"]
+    conf = "SLURM_CONF=/etc/slurm-test/slurm.conf"
+    assert calls.read_text().splitlines() == [
+        f"squeue -h -t PD -o %A %T %r {conf}",
+        f"scontrol release 70 {conf}",
+        f"scontrol release 71 {conf}",
+    ]
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        # a failure bbstage answered: Slurm shows its message
+        pytest.param(
+            "burst_buffer/lua: JobHeldAdmin: slurm_bb_test_data_in failed: stage_in line 2: gone",
+            id="message-2605",
+        ),
+        pytest.param(
+            "burst_buffer/lua: slurm_bb_data_in: job 72 is unknown to the staging daemon",
+            id="message-2411",
+        ),
+        # an admin's `scontrol hold`, a user's `scontrol hold`
+        pytest.param("JobHeldAdmin", id="admin-hold"),
+        pytest.param("JobHeldUser", id="user-hold"),
+        # an empty failure of a hook that is not a stage-in hook
+        pytest.param("burst_buffer/lua: JobHeldAdmin: slurm_bb_pre_run failed: ", id="pre-run"),
+        # the reason Slurm gives while it stages the job in
+        pytest.param("BurstBufferStageIn", id="staging-in"),
+    ],
+)
+def test_a_job_held_for_a_real_reason_stays_held(
+    reason: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = FakeEngine({"78": "cancelled"}, stage_in={"78": "cancelled"})
+    calls = fake_slurm(tmp_path, monkeypatch, f"72 PENDING {reason}\n78 PENDING {reason}\n")
+    assert scan(engine, set()) == []
+    assert calls.read_text().splitlines() == ["squeue -h -t PD -o %A %T %r SLURM_CONF="]
+    # The whole pass's squeue (the daemon's own jobs) lists every reason: the same verdict.
+    assert run(engine, {"78": f"PENDING {reason}"}, {}, {}, set()) == []
+    assert calls.read_text().splitlines() == ["squeue -h -t PD -o %A %T %r SLURM_CONF="]
+
+
+def test_a_job_whose_stage_in_failed_here_stays_held() -> None:
+    # The daemon recorded a failed stage-in for the job: whatever the reason says, its own
+    # failure is what holds the job, and a release would only fail it again.
+    engine = FakeEngine({"73": "failed"}, stage_in={"73": reconcile.FAILED})
+    released: set[str] = set()
+    slurm = {"73": reconcile.SlurmJob("PENDING", HELD_2605)}
+    assert asyncio.run(reconcile.release_held(engine, slurm, released, None)) == []  # type: ignore[arg-type]
+    assert released == set() and RELEASED == []
+
+
+def test_a_job_that_is_not_pending_is_not_released() -> None:
+    # A held job cancelled since keeps its reason; nothing to release.
+    engine = FakeEngine({})
+    slurm = {"74": reconcile.SlurmJob("CANCELLED", HELD_2411)}
+    assert asyncio.run(reconcile.release_held(engine, slurm, set(), None)) == []  # type: ignore[arg-type]
+    assert RELEASED == []
+
+
+@pytest.mark.parametrize("release_exit", [0, 1])
+def test_a_held_job_is_released_once(
+    release_exit: int, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Held again after the release (or a release slurmctld refused): no loop, an admin acts.
+    engine = FakeEngine({})
+    calls = fake_slurm(tmp_path, monkeypatch, f"75 PENDING {HELD_2605}\n", release_exit)
+    released: set[str] = set()
+    assert scan(engine, released) == ([] if release_exit else ["75"])
+    assert scan(engine, released) == []
+    assert scan(engine, released) == []
+    releases = [c for c in calls.read_text().splitlines() if c.startswith("scontrol")]
+    assert releases == ["scontrol release 75 SLURM_CONF="]
+
+
+def test_the_whole_pass_releases_a_held_job_it_tore_down() -> None:
+    # The jobs the daemon tore down lately are asked about every pass anyway: no extra squeue.
+    engine = FakeEngine({"76": "cancelled", "77": "cancelled"}, stage_in={"76": "cancelled"})
+    released: set[str] = set()
+    squeue = {"76": f"PENDING {HELD_2411}", "77": "PENDING JobHeldUser"}
+    assert run(engine, squeue, {}, {}, released) == ["76"]
+    assert run(engine, squeue, {}, {}, released) == []
+    assert RELEASED == ["76"]
+
+
+def test_the_held_scan_is_paced_like_the_quick_check() -> None:
+    # A cluster whose pending jobs take long to list is listed less often.
+    pace = reconcile.Pace(reconcile.HELD_SCAN)
+    assert pace.seconds == reconcile.HELD_SCAN
+    for _ in range(reconcile.PACE_CALLS):
+        pace.took(10.0)
+    assert pace.seconds == 10.0 / reconcile.WATCH_SHARE
