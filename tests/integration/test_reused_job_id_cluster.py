@@ -18,13 +18,22 @@ from .conftest import OTHER, USER, Cluster, as_user
 
 
 def _cold_start(cluster: Cluster, first_job_id: str) -> None:
-    """Stop slurmctld and start it again with ``-c`` (its jobs forgotten, job ids start again
-    from FirstJobId, set to ``first_job_id`` for that start only: slurm.conf is put back as it
-    was, so ``local-cluster up`` sees no change), the way scripts/local-cluster starts it
-    (chrooted into the generation's root but for 22.05)."""
+    """Stop slurmctld and start it again with ``-c`` (its jobs forgotten), so that its next
+    job id is ``first_job_id``, the way scripts/local-cluster starts it (chrooted into the
+    generation's root but for 22.05).
+
+    ``-c`` alone does not reuse ids: a cold start (``recover == 0`` in ``read_slurm_conf``)
+    still calls ``load_last_job_id()``, which reads the id sequence from the ``job_state``
+    file's header, and ``reset_first_job_id()`` only raises it to FirstJobId (seen on 22.05:
+    after ``-c`` with FirstJobId=45 the next job was 46). So the saved ``job_state`` files
+    are removed (``-c`` drops their jobs anyway) and FirstJobId is set to the kept job's id
+    for that start; slurm.conf is put back as it was only once slurmctld answers (it is
+    read after slurmctld has daemonized), so ``local-cluster up`` sees no change."""
     pid = int((cluster.dir / "run" / "slurmctld.pid").read_text())
     os.kill(pid, signal.SIGTERM)
     wait_until(lambda: process_gone(pid), 60, f"slurmctld (pid {pid}) to end")
+    for name in ("job_state", "job_state.old", "job_state.new"):
+        (cluster.dir / "spool" / "ctld" / name).unlink(missing_ok=True)
     conf = Path(cluster.env["SLURM_CONF"])
     argv = ["slurmctld", "-f", str(conf), "-c"]
     if cluster.slurm != "22.05":
@@ -36,13 +45,13 @@ def _cold_start(cluster: Cluster, first_job_id: str) -> None:
     try:
         with open(cluster.dir / "log" / "slurmctld.log", "ab") as log:
             subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=True)
+        wait_until(
+            lambda: cluster.run("scontrol", "ping", check=False).count("UP") > 0,
+            60,
+            "slurmctld to answer",
+        )
     finally:
         conf.write_text(text)
-    wait_until(
-        lambda: cluster.run("scontrol", "ping", check=False).count("UP") > 0,
-        60,
-        "slurmctld to answer",
-    )
 
 
 def test_a_reused_job_id_never_hands_over_kept_scratch(cluster: Cluster, workdir: Path) -> None:
