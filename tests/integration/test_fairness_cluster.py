@@ -26,13 +26,24 @@ def test_a_stopped_users_copies_do_not_hold_another_users_small_job(
 ) -> None:
     """bbuser1's job stages six big files; once its copies run they are SIGSTOPped (they
     hold every slot and never end). bbuser2's job staging 1 MiB must be COMPLETED within
-    30 s, its file byte for byte, long before the watchdog (stall_timeout, 300 s) fires."""
+    30 s, its file byte for byte, long before the watchdog (stall_timeout, 300 s) fires.
+
+    Both jobs have a time limit (``#SBATCH --time``). Without one (UNLIMITED), Slurm kept
+    this one-node cluster's node for the older, higher-priority heavy job waiting in
+    stage-in: bbuser2's job had its stage-in done at once (BurstBufferState staged-in) but
+    stayed PENDING until the heavy job was cancelled (seen on 22.05). That is Slurm's
+    scheduling, not bbstage's; with ``--time=10`` and ``--time=1`` Slurm starts the light
+    job beside the pending heavy one (COMPLETED 3.4 s after sbatch on 22.05). If Slurm does
+    not start it, the timeout's message shows the job's BurstBufferState: staged-in means
+    bbstage did its part."""
     big = workdir / "big"
     with open(big, "wb") as f:
         f.truncate(8 << 30)  # sparse: its copy takes seconds, its source no disk
     lines = [f"#BB_LUA stage_in source={big} destination={workdir}/out{i}" for i in range(6)]
     as_user(workdir)
-    heavy = cluster.submit(workdir, "#!/bin/bash\n" + "\n".join(lines) + "\ntrue\n")
+    heavy = cluster.submit(
+        workdir, "#!/bin/bash\n#SBATCH --time=10\n" + "\n".join(lines) + "\ntrue\n"
+    )
     uid = pwd.getpwnam(USER).pw_uid
     stopped: list[int] = []
 
@@ -53,7 +64,8 @@ def test_a_stopped_users_copies_do_not_hold_another_users_small_job(
             stopped.append(pid)
         time.sleep(2)  # every slot that bbuser1 can take, taken and stopped
         body = (
-            f"#!/bin/bash\n#BB_LUA stage_in source={light_dir}/in destination={light_dir}/out\n"
+            f"#!/bin/bash\n#SBATCH --time=1\n"
+            f"#BB_LUA stage_in source={light_dir}/in destination={light_dir}/out\n"
             f"cat {light_dir}/out > /dev/null\n"
         )
         asked = time.monotonic()
