@@ -7,21 +7,24 @@ Slurm links, and writes a burst_buffer.lua of a few lines that loads it (bbstage
   * Synchronous hooks (job_process, pools, paths) run inside slurmctld while it holds
     locks: they only parse, with lua/bbstage/directives.lua; no socket, no process.
   * Asynchronous hooks run in slurmscriptd children: each sends one request to the
-    bbstage daemon over ZeroMQ (lua/bbstage/zmtp.lua) and returns its verdict.
+    bbstage daemon over ZeroMQ (lua/bbstage/zmtp.lua) and returns its verdict. Their code
+    is lua/bbstage/async.lua, loaded only by them.
 The wire protocol is docs/protocol.md; the directive grammar is docs/directives.md.
 Install with `bbstage install-lua --dest <dir of slurm.conf>`, which also writes
 bbstage_site.lua (socket path and pools) from the daemon's config file.
 --]]
 
 -- Installed, the generated burst_buffer.lua passes its directory, the modules' suffix (".luac"
--- when compiled for this Lua) and the modules bundled into this file (directives: one file
--- less for job_process to load); run as burst_buffer.lua itself, the sources are read.
-local HERE, SUFFIX, BUNDLED = ...
+-- when compiled for this Lua), the modules bundled into this file (directives: one file
+-- less for job_process to load) and the values of bbstage_site.lua, which install-lua writes
+-- with it (no call compiles that file); run as burst_buffer.lua itself, the sources are read.
+local HERE, SUFFIX, BUNDLED, SITE = ...
 if type(HERE) ~= "string" then
 	HERE, SUFFIX = debug.getinfo(1, "S").source:match("^@(.*/)") or "./", ".lua"
 end
-local site = { socket = "/run/bbstage/control.sock", pools = {} }
-do
+local site = SITE
+if type(site) ~= "table" then
+	site = { socket = "/run/bbstage/control.sock", pools = {} }
 	local chunk = loadfile(HERE .. "bbstage_site.lua")
 	local ok, values = pcall(chunk or error)
 	if ok and type(values) == "table" then site = values end
@@ -64,29 +67,6 @@ local function read_script(path, array)
 	local text = f:read("*a")
 	f:close()
 	return text
-end
-
--- An asynchronous hook: send one request to the daemon (see lua/bbstage/hooks.lua).
--- A Lua error becomes a readable reason (Slurm would show "(null)").
-local function forward(op, timeout, job_id, job_script, uid, gid, job_info, extra)
-	local ok, rc, message, kind = pcall(function()
-		local script = job_script and read_script(job_script, array_of(job_id, job_info))
-		return module("hooks").forward(module("zmtp"), site.socket, op, timeout, job_id,
-			script, uid, gid, job_info, extra)
-	end)
-	if ok then return rc, message, kind end
-	return slurm.ERROR, "bbstage " .. op .. " hook failed: " .. tostring(rc)
-end
-
--- test_data_in/out (24.05+): Slurm calls them again every PollInterval while they answer
--- BUSY, within StageIn/StageOutTimeout. A daemon that does not answer (restarting) counts
--- as "not done yet"; held for it, the job would stay in staging-in after `scontrol release`.
--- The script's path (not the script) lets a daemon that lost the job find its leftovers.
-local function poll(op, job_id, job_script, uid, gid, job_info)
-	local rc, message, kind = forward(op, 60, job_id, nil, uid, gid, job_info,
-		{ script_path = job_script })
-	if kind == "unreachable" or kind == "timeout" then return slurm.SUCCESS, "BUSY" end
-	return rc, message
 end
 
 --[[ Synchronous hooks: parse only. ]]
@@ -145,52 +125,16 @@ function slurm_bb_paths(job_id, job_script, path_file, uid, gid, job_info)
 	return slurm.SUCCESS
 end
 
---[[ Asynchronous hooks: one request to the daemon each. ]]
-
--- Only 24.05+ polls test_data_in/out (and defines slurm.SLURM_BB_BUSY); 23.x already
--- passes uid to data_in but takes its return as "staged", so a uid proves nothing.
-local function polled() return slurm.SLURM_BB_BUSY ~= nil end
-
--- Create the job's record and scratch space (22.05 gives uid and gid only here). Where
--- data_in blocks (before 24.05), the daemon starts staging in now: data_in comes next.
--- For a task split off an array the daemon mends Slurm's directory (bbstage/slurmdirs.py).
-function slurm_bb_setup(job_id, uid, gid, pool, bb_size, job_script, job_info)
-	local array = array_of(job_id, job_info)
-	return forward("setup", 300, job_id, job_script, uid, gid, job_info,
-		{ pool = pool, size = bb_size, stage_in = not polled(),
-		  array_job_id = array and tostring(array), script_path = array and job_script })
-end
-
--- The daemon leaves an empty file <site.staged>/<job id> once the job's stage-in is done
--- (bbstage/staged.py): then data_in and test_data_in need not ask it.
-local function staged_in(job_id)
-	local f = site.staged and io.open(site.staged .. "/" .. tostring(job_id))
-	if f then f:close() end
-	return f ~= nil
-end
-
--- data_in/data_out. Before 24.05 the call blocks and Slurm takes any success as "staged":
--- only the daemon's "ok" may be one (a "busy" would start the job on partial inputs).
--- 24.05+: the call only starts the transfers; test_data_in/out poll.
-local function stage(op, job_id, job_script, uid, gid, job_info)
-	local blocking = not polled()
-	local rc, message = forward(op, nil, job_id, job_script, uid, gid, job_info,
-		{ wait = blocking })
-	if blocking and rc == slurm.SUCCESS and message == "BUSY" then
-		return slurm.ERROR, "bbstage: " .. op .. " of job " .. tostring(job_id) .. " not finished"
+--[[ Asynchronous hooks (lua/bbstage/async.lua): one request to the daemon each. Their code is
+loaded by the first one a Lua state calls, so job_process (under slurmctld's locks) does not
+pay for loading it; Slurm wants them all defined when it loads this file: these load them. ]]
+local ASYNC = { "setup", "data_in", "test_data_in", "pre_run", "data_out", "test_data_out",
+	"job_teardown", "get_status" }
+for _, name in ipairs(ASYNC) do
+	_G["slurm_bb_" .. name] = function(...)
+		module("async")(site, read_script, array_of) -- defines the slurm_bb_ functions of ASYNC
+		return _G["slurm_bb_" .. name](...)
 	end
-	return rc, message
-end
-
--- Stage in. Before 24.05: block until staged. 24.05+: start, then test_data_in polls.
-function slurm_bb_data_in(job_id, job_script, uid, gid, job_info)
-	if staged_in(job_id) then return slurm.SUCCESS end
-	return stage("data_in", job_id, job_script, uid, gid, job_info)
-end
-
-function slurm_bb_test_data_in(job_id, job_script, uid, gid, job_info)
-	if staged_in(job_id) then return slurm.SUCCESS end
-	return poll("test_data_in", job_id, job_script, uid, gid, job_info)
 end
 
 -- Slurm only uses a size larger than the job asked for; bbstage never grows a buffer
@@ -199,41 +143,7 @@ function slurm_bb_real_size(job_id, uid, gid, job_info)
 	return slurm.SUCCESS
 end
 
-function slurm_bb_pre_run(job_id, job_script, uid, gid, job_info)
-	return forward("pre_run", 60, job_id, nil, uid, gid, job_info)
-end
-
 -- Nothing to do between the job's end and stage-out: data_out follows at once.
 function slurm_bb_post_run(job_id, job_script, uid, gid, job_info)
 	return slurm.SUCCESS
-end
-
--- Stage out: like data_in.
-function slurm_bb_data_out(job_id, job_script, uid, gid, job_info)
-	return stage("data_out", job_id, job_script, uid, gid, job_info)
-end
-
-function slurm_bb_test_data_out(job_id, job_script, uid, gid, job_info)
-	return poll("test_data_out", job_id, job_script, uid, gid, job_info)
-end
-
--- After the job, or on cancel (hurry "true": abort transfers now). Removes scratch.
--- The script's path lets a daemon that lost the job find its temporary files.
-function slurm_bb_job_teardown(job_id, job_script, hurry, uid, gid)
-	return forward("teardown", 300, job_id, nil, uid, gid, nil,
-		{ hurry = hurry == "true" or hurry == true, script_path = job_script })
-end
-
--- `scontrol show bbstat [JOBID]`. 24.05+ passes the caller's uid and gid first.
-function slurm_bb_get_status(...)
-	local args, uid = { ... }, nil
-	-- Only 24.05+ defines slurm.SLURM_BB_BUSY. Guessing from the arguments would let a 22.05
-	-- user claim any uid (`scontrol show bbstat 1001 1001`) and see that user's paths.
-	if polled() and #args >= 2 then
-		uid = tostring(table.remove(args, 1))
-		table.remove(args, 1)
-	end
-	for i, v in ipairs(args) do args[i] = tostring(v) end
-	return module("hooks").call(module("zmtp"), site.socket, "get_status",
-		{ args = args, uid = uid }, 30)
 end

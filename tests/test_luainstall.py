@@ -81,7 +81,7 @@ def test_compiled_for_the_plugins_lua_and_loaded_without_a_word(lua: str, tmp_pa
     assert f"precompiled for Lua {version(lua)} (read from Slurm's {plugin})" in out.stderr
     etc = tmp_path / "etc"
     compiled = sorted(p.name for p in (etc / "bbstage").glob("*.luac"))
-    assert compiled == ["directives.luac", "hooks.luac", "main.luac", "zmtp.luac"]
+    assert compiled == ["async.luac", "directives.luac", "hooks.luac", "main.luac", "zmtp.luac"]
     assert b"bundled.directives = function(...)" in (etc / "bbstage" / "main.lua").read_bytes()
     for p in (etc / "bbstage").glob("*.luac"):
         assert bytecode_version(p) == version(lua)

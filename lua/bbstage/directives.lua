@@ -139,29 +139,41 @@ local function sbatch_at(s, i)
 	return e and (not c or c == 61 or c == 32 or c == 9 or c == 10)
 end
 
--- Directive lines of the header ({n, raw, kind}: bb, dw or sbatch), the set of their
--- "prefix content", and the first command's line number and offset (nil if none).
+-- Directive lines of the header ({n, raw, kind}: bb, dw or sbatch), whether one is an
+-- #SBATCH --bb line, and the first command's line number and offset (nil if none).
 local function header(text)
-	local out, seen, pos, n, len = {}, {}, 1, 0, #text
+	local out, sbatch, pos, n, len = {}, false, 1, 0, #text
 	while pos <= len do
 		n = n + 1
 		local e = find(text, "\n", pos, true) or len + 1
 		local c = byte(text, pos)
-		if c ~= 35 and e ~= pos then return out, seen, n, pos end
+		if c ~= 35 and e ~= pos then return out, sbatch, n, pos end
 		if n > MAX_HEADER then out[#out + 1] = { n }; break end
-		if c == 35 then
+		c = byte(text, pos + 1) -- after "#": D, B or S, else a comment
+		if c == 68 or c == 66 then
 			local p = prefix(text, pos)
-			if p then
-				local raw = sub(text, pos, e - 1)
-				out[#out + 1] = { n, raw, p == "#DW" and "dw" or "bb" }
-				if e - pos <= MAX_LINE then seen[p .. " " .. strip(sub(raw, #p + 1))] = true end
-			elseif sbatch_at(text, pos) then
-				out[#out + 1] = { n, sub(text, pos, e - 1), "sbatch" }
-			end
+			if p then out[#out + 1] = { n, sub(text, pos, e - 1), p == "#DW" and "dw" or "bb" } end
+		elseif c == 83 and sbatch_at(text, pos) then
+			out[#out + 1] = { n, sub(text, pos, e - 1), "sbatch" }
+			sbatch = true
 		end
 		pos = e + 1
 	end
-	return out, seen
+	return out, sbatch
+end
+
+-- The set of "prefix content" of the header's #BB_LUA and #DW lines (an #SBATCH --bb line
+-- that repeats one is Slurm's copy of it: docs/directives.md).
+local function contents(lines)
+	local seen = {}
+	for _, l in ipairs(lines) do
+		local raw, kind = l[2], l[3]
+		if raw and kind ~= "sbatch" and #raw <= MAX_LINE then
+			local p = kind == "dw" and "#DW" or "#BB_LUA"
+			seen[p .. " " .. strip(sub(raw, #p + 1))] = true
+		end
+	end
+	return seen
 end
 
 -- Staging lines at or after the first command (line first, offset pos), as warnings. Plain
@@ -198,37 +210,37 @@ local function late(text, first, pos)
 end
 
 -- Split content into parallel arrays keys (false for a bare word), values, quoted.
+-- One match per word: a pattern tried at every byte costs a call into the matcher per byte.
 local function tokenize(s)
-	local keys, vals, quoted, p, n = {}, {}, {}, 1, #s
+	local keys, vals, quoted, p, i = {}, {}, {}, 1, 0
 	while true do
-		p = find(s, "[^ \t]", p)
-		if not p then return keys, vals, quoted end
-		local q, i = find(s, "[ \t=]", p) or n + 1, #keys + 1
-		if byte(s, q) ~= 61 then
-			keys[i], vals[i], quoted[i], p = false, sub(s, p, q - 1), false, q
+		local word, eq, q = match(s, "^[ \t]*([^ \t=]*)(=?)()", p)
+		if eq == "" then
+			if word == "" then return keys, vals, quoted end
+			i = i + 1
+			keys[i], vals[i], quoted[i], p = false, word, false, q
 		else
-			local key = sub(s, p, q - 1)
-			if key == "" then fail("bad-token/key") end
-			keys[i], p = key, q + 1
-			if byte(s, p) == 34 then
-				local r, escaped, j, c = p + 1, false
+			if word == "" then fail("bad-token/key") end
+			i = i + 1
+			keys[i] = word
+			if byte(s, q) == 34 then
+				local r, escaped, j, c = q + 1, false
 				while true do
-					j = find(s, '["\\]', r)
-					c = j and byte(s, j + 1)
-					if not j or (byte(s, j) == 92 and not c) then fail("unterminated-quote", key) end
+					j = match(s, '^[^"\\]*()', r)
+					c = byte(s, j + 1)
+					if j > #s or (byte(s, j) == 92 and not c) then fail("unterminated-quote", word) end
 					if byte(s, j) == 34 then break end
-					if c ~= 34 and c ~= 92 then fail("bad-escape", key) end
+					if c ~= 34 and c ~= 92 then fail("bad-escape", word) end
 					r, escaped = j + 2, true
 				end
-				if c and c ~= 32 and c ~= 9 then fail("bad-quote/after", key) end
-				vals[i], quoted[i] = sub(s, p + 1, j - 1), true
+				if c and c ~= 32 and c ~= 9 then fail("bad-quote/after", word) end
+				vals[i], quoted[i] = sub(s, q + 1, j - 1), true
 				if escaped then vals[i] = gsub(vals[i], "\\(.)", "%1") end
 				p = j + 1
 			else
-				q = find(s, "[ \t]", p) or n + 1
-				vals[i], quoted[i] = sub(s, p, q - 1), false
-				if find(vals[i], '"', 1, true) then fail("bad-quote/stray", key, key) end
-				p = q
+				local v, r = match(s, '^([^ \t"]*)()', q)
+				if byte(s, r) == 34 then fail("bad-quote/stray", word, word) end
+				vals[i], quoted[i], p = v, false, r
 			end
 		end
 	end
@@ -459,8 +471,8 @@ end
 local function line(st, n, raw, kind)
 	if #raw > MAX_LINE then fail("line-too-long", #raw, MAX_LINE) end
 	if byte(raw, -1) == 13 then fail("crlf") end
-	local i = find(raw, "[^\t -~\128-\255]")
-	if i then fail("control-char", byte(raw, i)) end
+	local _, i = find(raw, "^[\t -~\128-\255]*")
+	if i < #raw then fail("control-char", byte(raw, i + 1)) end
 	local p = kind == "dw" and "#DW" or "#BB_LUA"
 	local content = sub(raw, #p + 1)
 	if kind == "sbatch" then
@@ -492,8 +504,8 @@ function M.parse(text)
 		errors[1] = err(0, "", "script-too-large", #text, M.MAX_SCRIPT_BYTES)
 		return res
 	end
-	local lines, seen, first, pos = header(text)
-	local count = 0
+	local lines, sbatch, first, pos = header(text)
+	local seen, count = sbatch and contents(lines), 0
 	for _, l in ipairs(lines) do
 		local n, raw, kind = l[1], l[2], l[3]
 		local dup = false
@@ -502,21 +514,21 @@ function M.parse(text)
 			dup = p and seen[p .. " " .. content]
 		end
 		if not dup then
-			local ctx = "line " .. n .. ": "
 			if not raw then
-				errors[#errors + 1] = err(n, ctx, "header-too-long", MAX_HEADER)
+				errors[#errors + 1] = err(n, "line " .. n .. ": ", "header-too-long", MAX_HEADER)
 				break
 			end
 			count = count + 1
 			if count > M.MAX_DIRECTIVES then
-				errors[#errors + 1] = err(n, ctx, "too-many-directives", M.MAX_DIRECTIVES)
+				errors[#errors + 1] = err(n, "line " .. n .. ": ", "too-many-directives", M.MAX_DIRECTIVES)
 				break
 			end
 			st.verb = nil
 			local ok, e = pcall(line, st, n, raw, kind)
 			if not ok then
 				if type(e) ~= "table" then e = { "internal-error", tostring(e) } end
-				errors[#errors + 1] = err(n, ctx .. (st.verb and st.verb .. ": " or ""), unpack(e))
+				local ctx = "line " .. n .. ": " .. (st.verb and st.verb .. ": " or "")
+				errors[#errors + 1] = err(n, ctx, unpack(e))
 				if #errors >= M.MAX_ERRORS then break end
 			end
 		end
