@@ -209,7 +209,8 @@ local function late(text, first, pos)
 	return out
 end
 
--- Split content into parallel arrays keys (false for a bare word), values, quoted.
+-- Split content into parallel arrays keys (false for a bare word), values, quoted (true for a
+-- quoted value, else nil: a table that stays empty costs no resizing).
 -- One match per word: a pattern tried at every byte costs a call into the matcher per byte.
 local function tokenize(s)
 	local keys, vals, quoted, p, i = {}, {}, {}, 1, 0
@@ -218,7 +219,7 @@ local function tokenize(s)
 		if eq == "" then
 			if word == "" then return keys, vals, quoted end
 			i = i + 1
-			keys[i], vals[i], quoted[i], p = false, word, false, q
+			keys[i], vals[i], p = false, word, q
 		else
 			if word == "" then fail("bad-token/key") end
 			i = i + 1
@@ -240,7 +241,7 @@ local function tokenize(s)
 			else
 				local v, r = match(s, '^([^ \t"]*)()', q)
 				if byte(s, r) == 34 then fail("bad-quote/stray", word, word) end
-				vals[i], quoted[i], p = v, false, r
+				vals[i], p = v, r
 			end
 		end
 	end
