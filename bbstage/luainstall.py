@@ -164,19 +164,14 @@ def stub(t: Target) -> str:
             f"-- Not precompiled: {t.why}.\n"
             'assert(loadfile(here .. "bbstage/main.lua"))(here, ".lua")\n'
         )
-    # io.open + load, not loadfile: loadfile reopens a binary chunk (freopen), 3 us a call.
     return head + (
         f"-- Precompiled for {t.why}.\n"
         f'local LUA = "Lua {t.version}"\n'
-        "local f, err, hooks\n"
+        "local hooks, err\n"
         "if _VERSION == LUA then\n"
-        '\tf, err = io.open(here .. "bbstage/main.luac", "rb")\n'
+        '\thooks, err = loadfile(here .. "bbstage/main.luac")\n'
         "else\n"
         '\terr = "bbstage/main.luac is for " .. LUA .. ", this Slurm runs " .. _VERSION\n'
-        "end\n"
-        "if f then\n"
-        '\thooks, err = (loadstring or load)(f:read("*a"), "=bbstage/main.luac")\n'
-        "\tf:close()\n"
         "end\n"
         "if hooks then\n"
         '\thooks(here, ".luac")\n'
