@@ -47,10 +47,11 @@ def bench_s3(opts: Options, src: Location, dst: Location) -> dict[str, Any]:
     tag = new_tag()
     local_root, remote_root = local.join(tag), remote.join(tag)
     plan, upload = opts.plan, src.kind == "posix"
+    s3conf = opts.config.backend_settings.get("s3", {})
+    profile = {"profile": opts.profile} if opts.profile else {}
     s3_mover = movers.get("posix", "s3")(
-        MoverOptions(extra={"s3": opts.config.s3, "profile": opts.profile})
+        MoverOptions(destination=movers.options_for("s3", {"s3": s3conf}, os.getuid(), profile))
     )
-    s3conf = opts.config.s3 or {}
     env = (
         s3_peer_env(opts.profile, s3conf.get("endpoint_url"), s3conf.get("region", "us-east-1"))
         if peers
