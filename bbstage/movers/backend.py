@@ -120,6 +120,11 @@ class Backend:
         return url
 
     @classmethod
+    def name_of(cls, rel: str) -> str:
+        """The local name of ``rel``, a path below a tree's root as the store lists it."""
+        return rel
+
+    @classmethod
     def unstrip(cls, url: str, path: str) -> str:
         """The URL of ``path`` (as the filesystem names it) on the same store as ``url``."""
         return path

@@ -184,6 +184,16 @@ class GCSBackend(StoreBackend):
             args["project"] = settings["project"]
         return args
 
+    @classmethod
+    def filesystem(cls, options: BackendOptions | None, url: str) -> Any:
+        """gcsfs's plain JSON-API filesystem (``gcsfs.core``): the package's default class
+        (GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT) first asks each bucket's layout over gRPC, which
+        a private endpoint or the emulator does not answer (a minute of retries per bucket)."""
+        from gcsfs.core import GCSFileSystem
+
+        settings = options.settings if isinstance(options, StoreOptions) else {}
+        return GCSFileSystem(skip_instance_cache=True, **cls.kwargs(settings, url))
+
 
 AZURE_CONNECTION = ".config/bbstage/azure-connection-string"  # under the user's home
 
@@ -250,6 +260,13 @@ class HTTPSBackend(StoreBackend):
     @classmethod
     def unstrip(cls, url: str, path: str) -> str:
         return path
+
+    @classmethod
+    def name_of(cls, rel: str) -> str:
+        """A listing's links are URLs: percent-encoded (``a%20b`` is the file ``a b``)."""
+        from urllib.parse import unquote
+
+        return unquote(rel)
 
 
 class SFTPBackend(StoreBackend):
@@ -428,7 +445,9 @@ class GenericMover(Mover):
             rel = path[len(top) :] if path.startswith(top) else ""
             if not rel:
                 continue
-            target = dst.rstrip("/") + "/" + rel
+            target = dst.rstrip("/") + "/" + backend.name_of(rel)
+            if info.get("type") != "directory" and info.get("size") is None:
+                info = self._call(lambda p=path: fs.info(p), src)  # a listing without sizes
             if info.get("type") == "directory":
                 if self.dst.local:
                     tasks.append(FileTask(src + rel, target, "dir", mode=DIR_MODE))
