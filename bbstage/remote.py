@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from bbstage import codec, movers, walkproc
+from bbstage import codec, movers, transfer_env, walkproc
 from bbstage.identity import Identity, IdentityError, user_env
 from bbstage.transfer import (
     Done,
@@ -301,7 +301,7 @@ def _child(parent: int) -> int:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, daemon=True).start()
-    worker.remember_passable()
+    transfer_env.remember()
     worker.transfer(spec, worker.Reporter(_Lines()), cancel)
     return 0
 

@@ -22,7 +22,7 @@ from multiprocessing import forkserver, resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from bbstage import codec, movers, planning, ranges, retrying, walkproc
+from bbstage import codec, movers, planning, ranges, retrying, transfer_env, walkproc
 from bbstage.identity import Identity, user_env
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, localfs
 from bbstage.transfer import (
@@ -199,42 +199,20 @@ def _die_with(daemon: int) -> None:
     threading.Thread(target=watch, name="watch-daemon", daemon=True).start()
 
 
-# The daemon's variables some backend lets its workers see (``Backend.env``: proxies),
-# kept when the environment is replaced; each transfer sees those of its two backends only.
-_passable: dict[str, str] = {}
-
-
 def _become(identity: Identity) -> None:
     """Assume the user's identity and environment: an allow-list (``identity.user_env``: PATH,
     the user's HOME, locale), never root's: no credentials of any backend's (AWS_*,
     GOOGLE_APPLICATION_CREDENTIALS, AZURE_*...) unless a backend asks for it by name."""
     identity.assume()
-    remember_passable()
+    transfer_env.remember()
     os.environ.clear()
     os.environ.update(user_env(identity.uid))
-
-
-def remember_passable() -> None:
-    """Keep the values of the variables some backend lets its workers see (``Backend.env``)
-    from this process's environment, before ``environ_for`` replaces it."""
-    names = movers.env_names(movers.known_implementations)
-    _passable.clear()
-    _passable.update({k: v for k, v in os.environ.items() if k in names})
-
-
-def environ_for(spec: TransferSpec) -> None:
-    """The environment of one transfer: the user's (``user_env``) and the variables its two
-    backends let it see; a posix to posix transfer sees no store's."""
-    wanted = movers.env_names({spec.source_kind, spec.destination_kind})
-    os.environ.clear()
-    os.environ.update(user_env(os.getuid()))
-    os.environ.update({k: v for k, v in _passable.items() if k in wanted})
 
 
 def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None:
     """Plan and copy one directive's data (in the current identity)."""
     if os.getuid() != 0:  # a worker, as the user (never root; in-process tests keep theirs)
-        environ_for(spec)
+        transfer_env.apply(spec.source_kind, spec.destination_kind)
     options = MoverOptions(
         job_id=spec.job_id,
         threads=spec.threads,

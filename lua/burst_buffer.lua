@@ -37,7 +37,8 @@ local function module(name)
 		SUFFIX = ".lua" -- once per Lua state (per hook call)
 		chunk, err = loadfile(base .. SUFFIX)
 	end
-	return assert(chunk, err)(module) -- a module may load its own (hooks.lua: directives.lua)
+	-- a module may load its own (hooks.lua: directives.lua); directives.lua reads site.schemes
+	return assert(chunk, err)(module, site)
 end
 
 -- A task split off a job array, with its own id (24.05+ say so in job_info): the array's id.

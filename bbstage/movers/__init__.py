@@ -160,6 +160,6 @@ def get(src_kind: str, dst_kind: str) -> type[Mover]:
     if dst.read_only:
         raise TransferError(f"{dst.name} locations are read-only: stage from them, not to them")
     pair = (src.name, dst.name)
-    target = src.movers.get(pair) or dst.movers.get(pair) or f"{_GENERIC}:GenericMover"
+    target = src.movers.get(pair) or dst.movers.get(pair) or f"{_GENERIC}.mover:GenericMover"
     module, name = target.split(":")
     return getattr(import_module(module), name)  # type: ignore[no-any-return]
