@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bbstage.movers.implementations.generic import StoreOptions
+from bbstage.transfer import Failed
 from tests.backends.abstract import ODD, BackendSuite
 from tests.backends.stores import Store, open_store, stores_env, user_home
 
@@ -54,3 +55,31 @@ class TestHTTPS(BackendSuite):
     def store(self, stores_env: dict[str, str]) -> Iterator[Store]:
         options = StoreOptions({"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]})
         yield from open_store("https", stores_env, options)
+
+
+def test_an_unknown_sftp_host_key_is_refused(
+    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The user's known_hosts decides: a server whose key is not in it is never trusted."""
+    home = user_home(tmp_path, monkeypatch)
+    (home / ".ssh" / "known_hosts").write_text("")
+    user, port = stores_env["BBSTAGE_SFTP_USER"], stores_env["BBSTAGE_SFTP_PORT"]
+    url = f"sftp://{user}@127.0.0.1:{port}/etc/hostname"
+    events = BackendSuite().run(_no_store("sftp"), url, str(tmp_path / "x"))
+    assert isinstance(events[-1], Failed) and "127.0.0.1" in events[-1].message, events[-1]
+    assert not (tmp_path / "x").exists()
+
+
+def test_https_is_verified_without_the_sites_ca_bundle_it_fails(
+    stores_env: dict[str, str], tmp_path: Path
+) -> None:
+    """TLS is verified: the test CA is trusted only through [https] ca_bundle."""
+    (Path(stores_env["BBSTAGE_HTTPS_ROOT"]) / "verify.dat").write_bytes(b"x")
+    url = stores_env["BBSTAGE_HTTPS_URL"] + "/verify.dat"
+    events = BackendSuite().run(_no_store("https"), url, str(tmp_path / "x"))
+    assert isinstance(events[-1], Failed) and "certificate" in events[-1].message.lower()
+    assert not (tmp_path / "x").exists()
+
+
+def _no_store(kind: str) -> Store:
+    return Store(kind, "", StoreOptions({}), None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import ssl
 import stat
 import threading
 from collections.abc import Iterator
@@ -41,6 +42,16 @@ def translate(exc: BaseException, url: str) -> TransferError:
     permanent, anything else (connections, timeouts, 5xx) is transient (retried)."""
     if isinstance(exc, TransferError):
         return exc
+    cause = exc.__cause__
+    aiohttp_cause = type(cause).__module__.split(".")[0] == "aiohttp"
+    if isinstance(exc, FileNotFoundError) and aiohttp_cause and getattr(cause, "status", 0) != 404:
+        return translate(cause, url)  # fsspec's HTTP says "not found" for any failure
+    if isinstance(exc, ssl.SSLCertVerificationError) or hasattr(exc, "certificate_error"):
+        return TransferError(
+            f"TLS certificate of {url} not trusted ({exc}): the server's CA must be the"
+            " system's or the site's [https] ca_bundle",
+            permanent=True,
+        )
     for kind, words, permanent in _ERRORS:
         if isinstance(exc, kind):
             return TransferError(f"{words}: {url}", permanent=permanent)
