@@ -279,8 +279,9 @@ def test_a_user_without_credentials_never_gets_the_hosts_role(
     """The instance-role and container-role providers are out of the chain, so a fake host
     role on 127.0.0.1 is never asked. ``instance``: the user's own ~/.aws/config points IMDS
     here (on EC2 it needs no setting at all: 169.254.169.254). ``container``: only
-    AWS_CONTAINER_CREDENTIALS_FULL_URI reaches it, which the worker never passes on (worker-env-allow-list),
-    so this route checks the chain alone, as if root's environment had leaked through."""
+    AWS_CONTAINER_CREDENTIALS_FULL_URI reaches it, which the worker never passes on
+    (worker-env-allow-list), so this route checks the chain alone, as if root's environment
+    had leaked through."""
     url, asked = host_role
     for name in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(name)
