@@ -157,3 +157,28 @@ def test_an_azure_connection_string_readable_by_others_is_refused(
     assert AzureBackend.kwargs({}, "az://c/k") == {
         "connection_string": "AccountName=a;AccountKey=k"
     }
+
+
+def test_backends_section_enables_schemes_and_checks_their_tables(tmp_path: Path) -> None:
+    from bbstage import config
+    from bbstage.directives import parse
+
+    path = tmp_path / "bbstage.toml"
+    try:
+        path.write_text('[backends]\nenabled = ["gs"]\n[gs]\nendpoint_url = "http://127.0.0.1:1"\n')
+        loaded = config.load(path)
+        assert loaded.backends == ("gs",) and loaded.backend_settings["gs"]["endpoint_url"]
+        ok = "#!/bin/bash\n#BB_LUA stage_in source=gs://bkt/k destination=/x\n"
+        assert parse(ok)["errors"] == []
+        path.write_text('[backends]\nenabled = ["gs"]\n[gs]\nendpoint = "x"\n')
+        with pytest.raises(config.ConfigError, match=r"\[gs\]: unknown key 'endpoint'"):
+            config.load(path)
+        path.write_text("[az]\n")
+        with pytest.raises(config.ConfigError, match=r"add the backend to \[backends\] enabled"):
+            config.load(path)
+        path.write_text('[backends]\nenabled = ["ftp"]\n')
+        with pytest.raises(config.ConfigError, match=r"unknown \['ftp'\]"):
+            config.load(path)
+    finally:
+        movers.enable([])
+    assert parse(ok)["errors"][0]["code"] == "bad-scheme"  # gs:// only while enabled

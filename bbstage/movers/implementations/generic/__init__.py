@@ -51,7 +51,7 @@ class StoreBackend(Backend):
 
     protocol: ClassVar[str]  # fsspec's name for it
     atomic_put: ClassVar[bool] = True  # an object appears whole when its upload completes
-    settings_keys: ClassVar[frozenset[str]] = frozenset({"endpoint_url", "ca_bundle"})
+    settings_keys: ClassVar[frozenset[str]] = frozenset()  # keys of its config table
     env = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy")
     preload = ("fsspec", "aiohttp")
 
@@ -120,7 +120,7 @@ class GCSBackend(StoreBackend):
     ``anonymous = "true"`` for tests)."""
 
     name, schemes, section, protocol = "gs", ("gs",), "gs", "gs"
-    settings_keys = frozenset({"endpoint_url", "ca_bundle", "project", "anonymous"})
+    settings_keys = frozenset({"endpoint_url", "project", "anonymous"})
     url_rule = UrlRule(
         what="GCS bucket",
         rules="bucket names have 3-63 characters a-z 0-9 . _ - and start and end with a"
@@ -160,6 +160,7 @@ class AzureBackend(StoreBackend):
     user's own connection string (``~/.config/bbstage/azure-connection-string``)."""
 
     name, schemes, section, protocol = "az", ("az", "abfs"), "az", "az"
+    settings_keys = frozenset()  # the endpoint is the connection string's
     url_rule = UrlRule(
         what="Azure container",
         rules="container names have 3-63 characters a-z 0-9 - and start and end with a"
