@@ -104,7 +104,8 @@ def bench_s3(opts: Options, src: Location, dst: Location) -> dict[str, Any]:
             s3_mover.remove(remote_root)
         s3_mover.close()
     pair = ("posix", "s3") if upload else ("s3", "posix")
-    out = result(opts, movers.registry[pair], runs["bbstage"], cache=cache, settings={})
+    name = f"s3:{movers.get(*pair).__name__}"  # as the results name it ("s3:S3Upload")
+    out = result(opts, name, runs["bbstage"], cache=cache, settings={})
     for who in peers:
         base = summary(runs[who])
         base["command"] = who
