@@ -51,6 +51,7 @@ class StoreBackend(Backend):
 
     protocol: ClassVar[str]  # fsspec's name for it
     atomic_put: ClassVar[bool] = True  # an object appears whole when its upload completes
+    cat_ranges: ClassVar[bool] = True  # its filesystem's cat_file(path, start, end) reads a range
     settings_keys: ClassVar[frozenset[str]] = frozenset()  # keys of its config table
     env = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy")
     preload = ("fsspec", "aiohttp")
@@ -233,6 +234,7 @@ class SFTPBackend(StoreBackend):
 
     name, schemes, section, protocol = "sftp", ("sftp",), "sftp", "sftp"
     atomic_put = False
+    cat_ranges = False  # sshfs's cat_file reads whole files: ranges through open and seek
     settings_keys = frozenset()
     env = ()
     preload = ("fsspec", "sshfs")

@@ -10,6 +10,7 @@ import ssl
 import stat
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bbstage.movers import backend as _registry_backend
@@ -26,6 +27,7 @@ from bbstage.movers.base import (
 )
 
 FILE_MODE, DIR_MODE = 0o644, 0o755  # of what a store's files become on a local disk
+RANGE, RANGES = 16 << 20, 4  # a big download: ranged reads of this size, this many at once
 
 # One table of error translation: (exception type, what the user reads, permanent).
 _ERRORS: tuple[tuple[type[BaseException], str, bool], ...] = (
@@ -247,6 +249,8 @@ class GenericMover(Mover):
         if task.kind != "file":
             raise TransferError(f"{task.src}: a {task.kind} cannot be copied to {task.dst}")
         digest = checksum.new(self.options.checksum) if self.options.checksum != "none" else None
+        if self.dst.local and not self.src.local and digest is None and task.size > 2 * RANGE:
+            return self._get_ranges(task, progress, cancel)
         with self._reader(task) as source:
             if self.dst.local:
                 with localfs.atomic_file(task, self.options.job_id, progress) as fd:
@@ -262,6 +266,50 @@ class GenericMover(Mover):
                 return None
             self._put(task, source, progress, cancel, digest)
         return None
+
+    def _get_ranges(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
+        """A big file from a store into a local file: ``RANGES`` ranged reads of ``RANGE``
+        bytes at once, each written where it belongs (``pwrite``) in the temporary file; one
+        stream per file is what the stores' clients do badly (a third of rclone's rate)."""
+        fs, path = self.src.fs(task.src), self.src.path(task.src)
+        starts = list(range(0, task.size, RANGE))
+
+        def read(start: int, end: int) -> bytes:
+            if getattr(self.src.backend, "cat_ranges", True):
+                return bytes(fs.cat_file(path, start, end))
+            with fs.open(path, "rb") as f:  # its own handle: ranges are read at once
+                f.seek(start)
+                return bytes(f.read(end - start))
+
+        with localfs.atomic_file(task, self.options.job_id, progress) as fd:
+
+            def fetch(start: int) -> int:
+                if cancel.is_set():
+                    raise Cancelled()
+                end = min(start + RANGE, task.size)
+                block = self._call(lambda: read(start, end), task.src)
+                if len(block) != end - start:
+                    raise TransferError(
+                        f"short read: {len(block)} of {end - start} bytes at {start} of {task.src}",
+                        permanent=False,
+                    )
+                view = memoryview(block)
+                offset = start
+                while view:
+                    written = os.pwrite(fd, view, offset)
+                    view, offset = view[written:], offset + written
+                progress.add(end - start)
+                return end - start
+
+            done = 0
+            with ThreadPoolExecutor(RANGES, thread_name_prefix="range") as pool:
+                try:
+                    for n in pool.map(fetch, starts):
+                        done += n
+                except BaseException:
+                    progress.add(-done)
+                    cancel_pending(pool)
+                    raise
 
     def _reader(self, task: FileTask) -> Any:
         if self.src.local:
@@ -364,3 +412,7 @@ def _quietly(fn: Any) -> None:
         fn()
     except Exception:
         pass
+
+
+def cancel_pending(pool: ThreadPoolExecutor) -> None:
+    pool.shutdown(wait=True, cancel_futures=True)
