@@ -11,6 +11,8 @@ worker: store to store never touches a disk. The rules of every transfer hold:
 * local destinations: a temporary file beside the destination, renamed into place when its
   size is right (``localfs.atomic_file``), mode ``0o644`` (directories ``0o755``) and the
   source's modification time;
+  a big file from a store (without ``checksum=``) is read in ranges, several at once, each
+  written in place in that temporary file (``mover.RANGE``, ``mover.RANGES``);
 * stores that make an object appear whole when its upload completes (GCS, Azure Blob) are
   written in place: the upload is the atomic step; stores that do not (SFTP) get a
   temporary name beside the destination, renamed when complete;
