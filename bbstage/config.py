@@ -170,7 +170,10 @@ class Config:
     munge_socket: Path = Path("/run/munge/munge.socket.2")  # munged that checks API requests
     job_check: str = "slurm"  # in-job copies: "slurm" (squeue) or "state" (the record only)
     pools: tuple[Pool, ...] = field(default_factory=tuple)
-    s3: dict[str, Any] = field(default_factory=dict)
+    # Backends enabled besides posix and s3 (``[backends] enabled``), and each enabled
+    # backend's own table of this file by its name (``[s3]``, ``[gs]``), checked by it.
+    backends: tuple[str, ...] = ()
+    backend_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     movers: Movers = field(default_factory=Movers)
     fairshare: FairShare = field(default_factory=FairShare)
 
@@ -218,6 +221,16 @@ def _choice(value: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def _backends(raw: Any, source: str) -> tuple[str, ...]:
+    """``[backends] enabled``: the backends to enable besides posix and s3."""
+    if not isinstance(raw, dict) or set(raw) - {"enabled"}:
+        raise ConfigError(f"{source}: [backends] takes only enabled = [...]")
+    enabled = raw.get("enabled", [])
+    if not isinstance(enabled, list) or not all(isinstance(k, str) for k in enabled):
+        raise ConfigError(f'{source}: [backends] enabled: a list of names, e.g. ["gs", "az"]')
+    return tuple(enabled)
+
+
 def load(path: Path | str = DEFAULT_PATH) -> Config:
     """Read and check a config file; a missing file means all defaults."""
     path = Path(path)
@@ -229,10 +242,22 @@ def load(path: Path | str = DEFAULT_PATH) -> Config:
 
 
 def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
-    unknown = set(data) - {"daemon", "pools", "s3", "movers", "fairshare"}
-    if unknown:
-        raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}")
     kwargs: dict[str, Any] = {}
+    try:
+        kwargs["backends"] = _backends(data.get("backends", {}), source)
+        # Every process reads its config first: from here on the registry, and with it the
+        # directive parser and the forkserver's preloads, know the enabled backends.
+        movers.enable(kwargs["backends"])
+        tables = {movers.backend(k).section: k for k in movers.enabled()}
+        tables.pop(None, None)
+    except movers.TransferError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    unknown = set(data) - {"daemon", "pools", "movers", "fairshare", "backends"} - set(tables)
+    if unknown:
+        hint = ""
+        if unknown & set(movers.known_implementations):
+            hint = " (a backend's table: add the backend to [backends] enabled)"
+        raise ConfigError(f"{source}: unknown section(s) {sorted(unknown)}{hint}")
     for key, value in data.get("daemon", {}).items():
         if key not in _DAEMON_KEYS:
             raise ConfigError(f"{source}: [daemon] unknown key {key!r}")
@@ -254,13 +279,13 @@ def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
         except (KeyError, ValueError) as exc:
             raise ConfigError(f"{source}: [[pools]] #{i + 1}: {exc}") from None
     kwargs["pools"] = tuple(pools)
-    kwargs["s3"] = dict(data.get("s3", {}))
+    kwargs["backend_settings"] = {t: dict(data[t]) for t in tables if t in data}
     kwargs["movers"] = _movers(data.get("movers", {}), source)
     kwargs["fairshare"] = _fairshare(data.get("fairshare", {}), source)
     try:
-        # A typo in [s3] is an error now, not at staging. The registry imports the backend
-        # (~60 ms) only here: config itself imports none.
-        movers.check_settings("s3", kwargs["s3"])
+        # A typo in a backend's table is an error now, not at staging. The registry imports
+        # the backends (~60 ms for S3) only here: config itself imports none.
+        movers.check_settings(kwargs["backend_settings"])
     except movers.TransferError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return Config(**kwargs)

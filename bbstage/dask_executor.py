@@ -50,6 +50,7 @@ from typing import Any
 import structlog
 
 from bbstage import codec, dask_client, fairshare, planning, remote, stall
+from bbstage import movers as backends
 from bbstage.config import Movers
 from bbstage.dask_client import Connection, connected
 from bbstage.identity import Identity
@@ -283,16 +284,19 @@ class DaskExecutor:
     def _shards(self, client: Any, spec: TransferSpec) -> int:
         """How many shards a transfer is split into, across the workers that have the
         resource (or ``[movers] shards``): a tree, unless the daemon's host sees it hold
-        under ``[movers] split_min`` bytes; one file (not S3 to S3) in byte ranges or S3
-        pieces, unless it sees it under ``range_min`` (an S3 source it cannot see: each
-        share plans it, and a small one is copied by share 0). A glob stays one task."""
-        movers, local = self._movers, spec.source_kind != "s3"
+        under ``[movers] split_min`` bytes; one file in byte ranges (or pieces a store
+        assembles: ``backends.splits_files``) unless it sees it under ``range_min`` (a
+        store's source it cannot see: each share plans it, and a small one is copied by
+        share 0). A glob stays one task."""
+        movers, local = self._movers, backends.backend(spec.source_kind).local
         if spec.shard is not None or spec.glob:
             return 1
         if spec.tree:
             if local and planning.below(spec.source, True, movers.split_min):
                 return 1
-        elif not movers.range_min or spec.source_kind == spec.destination_kind == "s3":
+        elif not movers.range_min or not backends.splits_files(
+            spec.source_kind, spec.destination_kind
+        ):
             return 1
         elif local and planning.below(spec.source, False, movers.range_min):
             return 1

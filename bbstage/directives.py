@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bbstage import movers
+
 MAX_SCRIPT_BYTES = 4 * 1024 * 1024  # Slurm's default max_script_size
 MAX_LINE_BYTES = 4096
 MAX_DIRECTIVES = 256
@@ -104,23 +106,14 @@ MESSAGES: dict[str, str] = {
         "$DW_JOB_<name of a #DW jobdw above> is expanded (use %%u for the user name, %%j for "
         "the job id)"
     ),
-    "bad-scheme": (
-        'unsupported scheme in %s "%s": use an absolute path, $BB_SCRATCH/..., or s3://bucket/key'
-    ),
-    "bad-bucket/key": (
-        '%s "%s" has no key part: write s3://bucket/ for a whole bucket or s3://bucket/key'
-    ),
-    "bad-bucket": (
-        'bad S3 bucket in %s "%s": bucket names have 3-63 characters a-z 0-9 . - and '
-        "start and end with a letter or digit"
-    ),
+    "bad-scheme": 'unsupported scheme in %s "%s": use an absolute path, $BB_SCRATCH/..., or %s',
+    "bad-bucket/key": '%s "%s" has no key part: write %s/ for a whole %s or %s/key',
+    "bad-bucket": 'bad %s in %s "%s": %s',
     "non-utf8": (
-        'byte 0x%02x in %s "%s" is not UTF-8 and S3 keys are UTF-8 text: save the script as '
+        'byte 0x%02x in %s "%s" is not UTF-8 and %s keys are UTF-8 text: save the script as '
         "UTF-8 (iconv -f LATIN1 -t UTF-8) or rename the key"
     ),
-    "relative-path": (
-        'relative path "%s" in %s: use an absolute path, $BB_SCRATCH/..., or s3://bucket/key'
-    ),
+    "relative-path": 'relative path "%s" in %s: use an absolute path, $BB_SCRATCH/..., or %s',
     "dot-dot": '".." component in %s "%s": write the path without ..',
     "bad-glob": 'wildcard in %s "%s": wildcards are only allowed in a stage_in source',
     "bad-glob/tree": 'wildcard source "%s" ends with /: drop the / or the wildcard',
@@ -142,7 +135,7 @@ MESSAGES: dict[str, str] = {
     "bad-option-value/pool": (
         'pool="%s" is not a valid pool name: use 1-64 characters A-Z a-z 0-9 _ . -'
     ),
-    "profile-without-s3": "profile= applies only to s3:// locations: remove it",
+    "profile-without-s3": "profile= applies only to %s locations: remove it",
     "capacity-in-value": (
         '"capacity=" inside a value would be read by Slurm as a capacity request: rename the path'
     ),
@@ -220,7 +213,6 @@ _VAR = re.compile(r"\$([A-Za-z0-9_]+)(?=/|$)")
 _DW_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _DW_SIZE = re.compile(r"([0-9]+)([A-Za-z]*)")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]*[a-z0-9]")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _GLOB = re.compile(r"[*?\[]")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a byte that is not UTF-8 (surrogateescape)
@@ -457,21 +449,28 @@ def _location(v: str, role: str, verb: str, st: _State) -> tuple[str, bool, bool
             v = "$BB_SCRATCH" + v[len(name) + 1 :]
         kind, path = "scratch", v[11:]
     elif v[0] != "/":
+        # A URL: its scheme must be an enabled backend's, checked by that backend's rule
+        # (bbstage.movers.url_rules; the Lua parser gets the same from bbstage_site.lua).
+        rules = movers.url_rules()
         if not _SCHEME.match(v):
-            raise _Fail("relative-path", v, role)
-        if not v.startswith("s3://"):
-            raise _Fail("bad-scheme", role, v)
-        slash = v.find("/", 5)
+            raise _Fail("relative-path", v, role, _examples(rules))
+        scheme = v[: v.index("://")]
+        rule = rules.get(scheme)
+        if rule is None:
+            raise _Fail("bad-scheme", role, v, _examples(rules))
+        start = len(scheme) + 3
+        slash = v.find("/", start)
+        top = f"{scheme}://{rule.what.split()[-1]}"
         if slash < 0:
-            raise _Fail("bad-bucket/key", role, v)
-        bucket = v[5:slash]
-        if not (3 <= len(bucket) <= 63 and _BUCKET.fullmatch(bucket)):
-            raise _Fail("bad-bucket", role, v)
-        kind, path = "s3", v[slash:]
-        bad = _SURROGATE.search(v)
+            raise _Fail("bad-bucket/key", role, v, top, rule.what.split()[-1], top)
+        if not rule.check(v[start:slash]):
+            raise _Fail("bad-bucket", rule.what, role, v, rule.rules)
+        kind, path = scheme, v[slash:]
+        bad = _SURROGATE.search(v) if rule.utf8 else None
         if bad:  # U+DC80+byte; another surrogate came from a JSON escape: its UTF-8 starts 0xed
             c = ord(bad.group())
-            raise _Fail("non-utf8", c - 0xDC00 if 0xDC80 <= c <= 0xDCFF else 0xED, role, v)
+            byte = c - 0xDC00 if 0xDC80 <= c <= 0xDCFF else 0xED
+            raise _Fail("non-utf8", byte, role, v, rule.what.split()[0])
     if "/../" in path + "/":
         raise _Fail("dot-dot", role, v)
     if "$" in path:
@@ -488,6 +487,11 @@ def _location(v: str, role: str, verb: str, st: _State) -> tuple[str, bool, bool
         if _unclosed_bracket(path):
             raise _Fail("bad-glob/bracket", v)
     return kind, tree, glob, v
+
+
+def _examples(rules: dict[str, movers.UrlRule]) -> str:
+    """What a location may be besides a path, one example per enabled scheme."""
+    return ", ".join(f"{k}://{r.what.split()[-1]}/key" for k, r in rules.items()) or "nothing else"
 
 
 def _stage_options(
@@ -554,8 +558,13 @@ def _stage(
     if "profile" in kv:
         if not _NAME.fullmatch(kv["profile"]):
             raise _Fail("bad-option-value/profile", kv["profile"])
-        if skind != "s3" and dkind != "s3":
-            raise _Fail("profile-without-s3")
+        takers = [
+            k
+            for k, r in movers.url_rules().items()
+            if "profile" in movers.backend(k).directive_keys
+        ]
+        if skind not in takers and dkind not in takers:
+            raise _Fail("profile-without-s3", " and ".join(f"{k}://" for k in takers))
         options["profile"] = kv["profile"]
     if any("capacity=" in v for v in vals[1:]):
         raise _Fail("capacity-in-value")

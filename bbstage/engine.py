@@ -17,14 +17,13 @@ from typing import Any, cast
 
 import structlog
 
-from bbstage import directives, leftovers, report, scratch, slurmdirs, staged
+from bbstage import directives, leftovers, movers, report, scratch, slurmdirs, staged
 from bbstage.config import Config
 from bbstage.counts import clamp
 from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
-from bbstage.movers import Cancelled, TransferError
-from bbstage.movers.implementations import s3 as s3mover
+from bbstage.movers import BackendOptions, Cancelled, TransferError
 from bbstage.protocol import BUSY, ERROR, OK, Reply, Request, bounded
 from bbstage.state import (
     CANCELLED,
@@ -661,9 +660,14 @@ class Engine:
             overwrite=cast(Overwrite, options.get("overwrite", "always")),
             threads=self.config.threads_per_transfer,
             chunk_size=self.config.chunk_size,
-            extra=s3mover.spec_extra(self.config.s3, job.uid or 0, options.get("profile")),
+            source_options=self._options(spec.get("source_kind", "posix"), job, options),
+            destination_options=self._options(spec.get("destination_kind", "posix"), job, options),
             scratch_limit=_scratch_limit(job, spec),
         )
+
+    def _options(self, kind: str, job: JobRow, directive: dict[str, str]) -> BackendOptions | None:
+        """One side's backend options (its settings, the owner's mapped credentials)."""
+        return movers.options_for(kind, self.config.backend_settings, job.uid or 0, directive)
 
 
 def _order_of(req: Request) -> tuple[float, float]:

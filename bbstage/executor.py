@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from multiprocessing import forkserver
 from typing import Any
 
-from bbstage import codec, fairshare, stall, worker
+from bbstage import codec, fairshare, movers, stall, worker
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
 from bbstage.transfer import Done, Event, Failed, TempFile, TempsSettled, TransferSpec
@@ -86,12 +86,7 @@ class TransferExecutor:
                 # fresh worker pay for them (benchmarks/bench_s3.py keeps its light).
                 "__main__",
                 "bbstage.worker",
-                "bbstage.movers.implementations.posix",
-                "bbstage.movers.implementations.s3",  # once, not per worker (docs/performance.md)
-                "s3fs",  # the S3 movers import these at their first client, ~0.3 s
-                "aiobotocore.session",
-                "obstore",  # 15 MB of Rust: else read at each worker's first small object
-                "bbstage.movers.implementations.s3.preload",  # botocore's S3 model, parsed
+                *movers.preloads(),  # the enabled backends' (S3: ~0.3 s per worker saved)
                 # Else read from disk by each worker (its start, its first connection)
                 "pkgutil",
                 "multiprocessing.popen_forkserver",

@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bbstage import staged
+from bbstage import movers, staged
 from bbstage.config import Config
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
@@ -59,8 +59,27 @@ def site_lua(config: Config, source: str) -> str:
         f"  socket = {lua_string(str(config.socket))},\n"
         f"  staged = {lua_string(str(staged.directory(config)))},\n"
         f"  pools = {{\n{pools}\n  }},\n"
+        f"  schemes = {schemes_lua()},\n"
         "}\n"
     )
+
+
+def schemes_lua() -> str:
+    """The enabled backends' URL rules (``bbstage.movers.url_rules``) as a Lua list, in the
+    Python parser's order: what lua/bbstage/directives.lua checks a URL against."""
+
+    def value(v: object) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return str(v) if isinstance(v, int) else lua_string(str(v))
+
+    rows = []
+    for scheme, rule in movers.url_rules().items():
+        fields = {"scheme": scheme, **rule.lua()}
+        if "profile" in movers.backend(scheme).directive_keys:
+            fields["profile"] = True
+        rows.append("{ " + ", ".join(f"{k} = {value(v)}" for k, v in fields.items()) + " }")
+    return "{\n    " + ",\n    ".join(rows) + "\n  }" if rows else "{}"
 
 
 @dataclass

@@ -257,7 +257,7 @@ def remove_stale_temps(tasks: Iterable[FileTask], job_id: str, shard: Shard | No
     pattern, removed, last = localfs.temp_pattern(job_id), 0, None
     for task in tasks:
         parent = os.path.dirname(task.dst)
-        if parent == last or task.dst.startswith("s3://"):
+        if parent == last or "://" in task.dst:  # a store's: no local directory
             continue
         last = parent
         try:

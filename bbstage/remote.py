@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import pwd
 import signal
 import subprocess
 import sys
@@ -30,8 +29,8 @@ import threading
 import time
 from typing import Any
 
-from bbstage import codec
-from bbstage.identity import Identity, IdentityError
+from bbstage import codec, movers, transfer_env, walkproc
+from bbstage.identity import Identity, IdentityError, user_env
 from bbstage.transfer import (
     Done,
     Event,
@@ -43,7 +42,6 @@ from bbstage.transfer import (
     TransferSpec,
 )
 
-_HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where bbstage is
 FORWARD_EVERY = 0.5  # seconds between Moved events sent to the daemon
 POLL_EVERY = 0.2  # seconds between checks for a cancel
 KILL_AFTER = 1.0  # seconds between SIGTERM and SIGKILL of the child's process group
@@ -122,10 +120,11 @@ def run_child(
 ) -> tuple[Done | Failed, Planned | None]:
     """Start the child as ``identity``, feed it ``spec``, forward its events to ``send``
     (``Moved`` coalesced), and kill its process group when ``cancelled()`` says so."""
-    try:
-        home = pwd.getpwuid(identity.uid).pw_dir
-    except KeyError:
-        home = "/"
+    # The user's environment (identity.user_env), this bbstage first (walkproc's rule), and
+    # the variables the transfer's two backends let it see (proxies): never a credential.
+    passed = movers.env_names({spec.source_kind, spec.destination_kind})
+    env = user_env(identity.uid, PYTHONPATH=walkproc.own_pythonpath())
+    env |= {k: v for k, v in os.environ.items() if k in passed}
     child = subprocess.Popen(
         [sys.executable, "-m", "bbstage.remote", str(os.getpid())],
         stdin=subprocess.PIPE,
@@ -135,9 +134,7 @@ def run_child(
         extra_groups=list(identity.groups),
         umask=0o077,
         start_new_session=True,  # its own process group: a cancel kills every thread of it
-        # PYTHONPATH: the child runs this bbstage, not another install's (its events must
-        # be exactly what this codec reads).
-        env={"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "PYTHONPATH": _HOME},
+        env=env,
         cwd="/",
         close_fds=True,
     )
@@ -305,6 +302,7 @@ def _child(parent: int) -> int:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, daemon=True).start()
+    transfer_env.remember()
     worker.transfer(spec, worker.Reporter(_Lines()), cancel)
     return 0
 

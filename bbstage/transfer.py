@@ -15,8 +15,10 @@ with ``AttemptUpdate``, which no worker sends.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+from bbstage.movers.base import BackendOptions
 
 Overwrite = Literal["always", "never", "newer"]
 
@@ -52,7 +54,7 @@ class TransferSpec:
     job_id: str
     source: str
     destination: str
-    source_kind: str = "posix"  # posix, scratch or s3
+    source_kind: str = "posix"  # posix, scratch or a URL scheme (bbstage.movers' registry)
     destination_kind: str = "posix"
     tree: bool = False  # source and destination end in /
     glob: bool = False
@@ -60,18 +62,22 @@ class TransferSpec:
     overwrite: Overwrite = "always"
     threads: int = 8
     chunk_size: int = 64 << 20
-    extra: dict[str, Any] = field(default_factory=dict)  # backend settings (S3 keys...)
+    # Each side's backend options (``Backend.options``: settings, the user's mapped
+    # credentials); None where its backend needs none (a path).
+    source_options: BackendOptions | None = None
+    destination_options: BackendOptions | None = None
     scratch_limit: ScratchLimit | None = None
     resumed: bool = False  # an earlier attempt may have left temporary files behind
     shard: Shard | None = None  # only this share of a tree's files (split across nodes)
 
     @classmethod
     def between(cls, source: str, destination: str, **fields: Any) -> TransferSpec:
-        """A spec for two locations, their kinds told by their form (``s3://`` or a path),
-        a trailing ``/`` meaning a tree; ``fields`` set the rest."""
+        """A spec for two locations, their kinds told by their form (``scheme://...`` or a
+        path), a trailing ``/`` meaning a tree; ``fields`` set the rest."""
 
         def kind(location: str) -> str:
-            return "s3" if location.startswith("s3://") else "posix"
+            scheme, sep, _ = location.partition("://")
+            return scheme if sep and "/" not in scheme else "posix"
 
         values: dict[str, Any] = {
             "job_id": "0",

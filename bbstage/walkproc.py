@@ -77,7 +77,7 @@ class WalkApart:
             COMMAND,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=user_env(os.getuid(), PYTHONPATH=_pythonpath()),
+            env=user_env(os.getuid(), PYTHONPATH=own_pythonpath()),
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._credits, self._in = self.proc.stdin, self.proc.stdout
@@ -118,7 +118,7 @@ class WalkApart:
                 raise TransferError("the walk of the source ended early", permanent=False)
 
 
-def _pythonpath() -> str:
+def own_pythonpath() -> str:
     """The worker's own bbstage first (not another install's), then what the worker had."""
     return os.pathsep.join(filter(None, [_HOME, os.environ.get("PYTHONPATH")]))
 

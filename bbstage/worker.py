@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import pwd
 import signal
 import threading
 import time
@@ -23,8 +22,8 @@ from multiprocessing import forkserver, resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from bbstage import codec, movers, planning, ranges, retrying, walkproc
-from bbstage.identity import Identity
+from bbstage import codec, movers, planning, ranges, retrying, transfer_env, walkproc
+from bbstage.identity import Identity, user_env
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, localfs
 from bbstage.transfer import (
     Done,
@@ -201,24 +200,28 @@ def _die_with(daemon: int) -> None:
 
 
 def _become(identity: Identity) -> None:
-    """Assume the user's identity and environment: their HOME, none of root's credentials."""
+    """Assume the user's identity and environment: an allow-list (``identity.user_env``: PATH,
+    the user's HOME, locale), never root's: no credentials of any backend's (AWS_*,
+    GOOGLE_APPLICATION_CREDENTIALS, AZURE_*...) unless a backend asks for it by name."""
     identity.assume()
-    for name in [k for k in os.environ if k.startswith("AWS_")]:
-        del os.environ[name]
-    try:
-        os.environ["HOME"] = pwd.getpwuid(identity.uid).pw_dir
-    except KeyError:
-        os.environ.pop("HOME", None)
+    transfer_env.remember()
+    os.environ.clear()
+    os.environ.update(user_env(identity.uid))
 
 
 def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None:
     """Plan and copy one directive's data (in the current identity)."""
+    if os.getuid() != 0:  # a worker, as the user (never root; in-process tests keep theirs)
+        transfer_env.apply(spec.source_kind, spec.destination_kind)
     options = MoverOptions(
         job_id=spec.job_id,
         threads=spec.threads,
         chunk_size=spec.chunk_size,
         checksum=spec.checksum,
-        extra=dict(spec.extra),
+        source=spec.source_options,
+        destination=spec.destination_options,
+        source_kind=spec.source_kind,
+        destination_kind=spec.destination_kind,
     )
     mover = movers.get(spec.source_kind, spec.destination_kind)(options)
     try:
@@ -252,7 +255,7 @@ def _copy_share(
     cancel: threading.Event,
 ) -> None:
     """Share ``spec.shard`` of a one-file transfer: its byte range of a file of at least
-    ``min_size`` bytes (``bbstage.ranges``; to S3, a piece of the object: ``copy_share``);
+    ``min_size`` bytes (``bbstage.ranges``; to a store that assembles pieces: ``copy_share``);
     anything else (a smaller file, a link, a file already in place, a transfer with
     ``checksum=``) share 0 copies whole, alone."""
     shard = spec.shard
@@ -278,7 +281,7 @@ def _copy_share(
             lambda: mover.copy_range(task, fd, start, n, reporter, cancel), cancel
         )
 
-    if spec.destination_kind == "s3":  # a piece of the object, assembled by the last share
+    if movers.backend(spec.destination_kind).assembles_pieces:  # joined by the last share
         mover.copy_share(task, spec.job_id, shard, reporter, cancel)
     else:
         ranges.write_range(task, spec.job_id, shard, copy, reporter.temp)

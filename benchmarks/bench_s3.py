@@ -81,6 +81,7 @@ if __name__ != "__mp_main__":
     from bbstage.identity import Identity
     from bbstage.movers.implementations.s3.settings import S3Settings
     from bbstage.transfer import TransferSpec
+    from tests.helpers import s3_sides
     from tests.s3env import REGION, S3Env, start
 
 NAME = "s3"
@@ -115,7 +116,7 @@ class Bench:
     def ours(self, src: str, dst: str) -> None:
         credentials = {"key": self.keys.key, "secret": self.keys.secret}
         spec = TransferSpec.between(
-            src, dst, job_id="bench", extra={"s3": self.s3conf, "credentials": credentials}
+            src, dst, job_id="bench", **s3_sides({"s3": self.s3conf, "credentials": credentials})
         )
         key = uuid.uuid4().hex
         self.executor.submit(key, spec, self.identity, lambda event: None).result()

@@ -33,7 +33,7 @@ end
 -- Load lua/bbstage/<name>.lua (installed: .luac). Bytecode that does not load (another Lua's)
 -- is never a silent slowdown: the source is used and slurmctld's log says so.
 local function module(name)
-	if BUNDLED and BUNDLED[name] then return BUNDLED[name](module) end
+	if BUNDLED and BUNDLED[name] then return BUNDLED[name](module, site) end
 	local base = HERE .. "bbstage/" .. name
 	local chunk, err = loadfile(base .. SUFFIX)
 	if not chunk and SUFFIX == ".luac" then
@@ -42,7 +42,8 @@ local function module(name)
 		SUFFIX = ".lua" -- once per Lua state (per hook call)
 		chunk, err = loadfile(base .. SUFFIX)
 	end
-	return assert(chunk, err)(module) -- a module may load its own (hooks.lua: directives.lua)
+	-- a module may load its own (hooks.lua: directives.lua); directives.lua reads site.schemes
+	return assert(chunk, err)(module, site)
 end
 
 -- A task split off a job array, with its own id (24.05+ say so in job_info): the array's id.

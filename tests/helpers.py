@@ -206,3 +206,11 @@ def kill_with_a_temporary_file(dst: Path, workers: Callable[[], list[int]], daem
     os.kill(daemon, signal.SIGKILL)
     wait_until(lambda: process_gone(daemon), 20, f"the killed daemon (pid {daemon}) to end")
     assert temps(), "the kill came too late to leave a temporary file"
+
+
+def s3_sides(conf: dict[str, Any]) -> dict[str, Any]:
+    """``TransferSpec`` fields giving both sides the S3 options ``conf`` (``s3``, ``profile``,
+    ``credentials``): the S3 mover takes them from its own side, the POSIX side ignores them."""
+    from bbstage.movers.implementations.s3.settings import S3Options
+
+    return {"source_options": S3Options(**conf), "destination_options": S3Options(**conf)}

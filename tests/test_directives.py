@@ -25,9 +25,9 @@ RUNNER = ROOT / "tests" / "lua" / "parse_corpus.lua"
 class LuaParser:
     """One Lua process running tests/lua/parse_corpus.lua, fed length-prefixed scripts."""
 
-    def __init__(self, lua: str) -> None:
+    def __init__(self, lua: str, site: Path | None = None) -> None:
         self.proc = subprocess.Popen(
-            [interpreter(lua), str(RUNNER), str(ROOT / "lua")],
+            [interpreter(lua), str(RUNNER), str(ROOT / "lua"), *([str(site)] if site else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )

@@ -72,7 +72,11 @@ def bench_posix(opts: Options, src_loc: Location, dst_loc: Location) -> dict[str
             clear(work)
     settings = {"threads": opts.config.threads_per_transfer, "chunk_size": opts.config.chunk_size}
     out = result(
-        opts, movers.registry[("posix", "posix")], runs["bbstage"], cache=cache, settings=settings
+        opts,
+        f"posix:{movers.get('posix', 'posix').__name__}",
+        runs["bbstage"],
+        cache=cache,
+        settings=settings,
     )
     for name in commands:
         base = summary(runs[name])

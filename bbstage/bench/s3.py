@@ -49,10 +49,11 @@ def bench_s3(opts: Options, src: Location, dst: Location) -> dict[str, Any]:
     local_root, remote_root = local.join(tag), remote.join(tag)
     plan, upload = opts.plan, src.kind == "posix"
     opts = _callers_endpoint_allowed(opts)
+    s3conf = opts.config.backend_settings.get("s3", {})
+    profile = {"profile": opts.profile} if opts.profile else {}
     s3_mover = movers.get("posix", "s3")(
-        MoverOptions(extra={"s3": opts.config.s3, "profile": opts.profile})
+        MoverOptions(destination=movers.options_for("s3", {"s3": s3conf}, os.getuid(), profile))
     )
-    s3conf = opts.config.s3 or {}
     env = (
         s3_peer_env(opts.profile, s3conf.get("endpoint_url"), s3conf.get("region", "us-east-1"))
         if peers
@@ -105,7 +106,8 @@ def bench_s3(opts: Options, src: Location, dst: Location) -> dict[str, Any]:
             s3_mover.remove(remote_root)
         s3_mover.close()
     pair = ("posix", "s3") if upload else ("s3", "posix")
-    out = result(opts, movers.registry[pair], runs["bbstage"], cache=cache, settings={})
+    name = f"s3:{movers.get(*pair).__name__}"  # as the results name it ("s3:S3Upload")
+    out = result(opts, name, runs["bbstage"], cache=cache, settings={})
     for who in peers:
         base = summary(runs[who])
         base["command"] = who
@@ -122,6 +124,8 @@ def _callers_endpoint_allowed(opts: Options) -> Options:
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if not endpoint:
         return opts
-    s3 = dict(opts.config.s3 or {})
+    settings = opts.config.backend_settings
+    s3 = dict(settings.get("s3", {}))
     s3["allowed_endpoints"] = [*s3.get("allowed_endpoints", []), endpoint]
-    return dataclasses.replace(opts, config=dataclasses.replace(opts.config, s3=s3))
+    config = dataclasses.replace(opts.config, backend_settings={**settings, "s3": s3})
+    return dataclasses.replace(opts, config=config)

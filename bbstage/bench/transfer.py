@@ -11,12 +11,11 @@ from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from bbstage import worker
+from bbstage import movers, worker
 from bbstage.bench.model import BenchError, Plan, Run
 from bbstage.config import Config, Movers
 from bbstage.identity import Identity
-from bbstage.movers import FileTask
-from bbstage.movers.implementations import s3 as s3mover
+from bbstage.movers import BackendOptions, FileTask
 from bbstage.transfer import AttemptUpdate, Done, Moved, Planned, TransferSpec
 
 SAMPLE_EVERY = 0.1  # seconds between throughput samples
@@ -83,8 +82,14 @@ def make_spec(
         chunk_size=config.chunk_size,
         # As the engine builds it: the account table never crosses to the worker; the
         # caller's mapped credentials do (bench runs as the admin who calls it).
-        extra=s3mover.spec_extra(config.s3, os.getuid(), profile),
+        source_options=_options(source_kind, config, profile),
+        destination_options=_options(destination_kind, config, profile),
     )
+
+
+def _options(kind: str, config: Config, profile: str | None) -> BackendOptions | None:
+    directive = {"profile": profile} if profile else {}
+    return movers.options_for(kind, config.backend_settings, os.getuid(), directive)
 
 
 class DaskRunner:

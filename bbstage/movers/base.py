@@ -7,8 +7,8 @@ import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
 
 Kind = Literal["file", "dir", "link", "special"]  # special: a FIFO, socket or device, skipped
 
@@ -72,13 +72,33 @@ class Progress(Protocol):
     def temp(self, path: str) -> None: ...
 
 
+@dataclass(frozen=True)
+class BackendOptions:
+    """What one side of a transfer needs in the worker, typed per backend (a subclass, in
+    the backend's own module). It travels root -> worker in the ``TransferSpec`` (a pickle
+    from root) and nowhere else; a side whose backend needs nothing has ``None``."""
+
+
+OptionsT = TypeVar("OptionsT", bound=BackendOptions)
+
+
 @dataclass
 class MoverOptions:
     job_id: str = "0"
     threads: int = 8
     chunk_size: int = 64 << 20
     checksum: str = "none"
-    extra: dict[str, Any] = field(default_factory=dict)
+    source: BackendOptions | None = None  # the source's backend's options
+    destination: BackendOptions | None = None
+    source_kind: str = "posix"  # the two location kinds (the generic mover's two backends)
+    destination_kind: str = "posix"
+
+    def side(self, cls: type[OptionsT]) -> OptionsT | None:
+        """This transfer's options of type ``cls``, from whichever side has them."""
+        for options in (self.source, self.destination):
+            if isinstance(options, cls):
+                return options
+        return None
 
 
 class Mover(ABC):

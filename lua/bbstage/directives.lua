@@ -3,6 +3,7 @@
 -- Lua 5.1 to 5.4, string functions only, linear time, stops at the end of the script header.
 -- slurmctld compiles this on every submission: keep it short (messages live in one string).
 local M = {}
+local _, site = ... -- burst_buffer.lua's module loader passes bbstage_site.lua's table
 local find, sub, byte, match, upper, format = string.find, string.sub, string.byte, string.match,
 	string.upper, string.format
 local gsub, unpack, error, pcall, type, tonumber = string.gsub, table.unpack or unpack, error, pcall, type,
@@ -26,6 +27,19 @@ local DW_REFUSED = { persistentdw = "persistent", create_persistent = "persisten
 local JOBDW_KEYS = { capacity = 1, pool = 1, type = 1, access_mode = 1, name = 1 }
 local JOBDW_TYPES = { scratch = 1, xfs = 1, gfs2 = 1, lustre = 1 }
 local ACCESS_MODES = { striped = 1, private = 1, ["striped,private"] = 1, ["private,striped"] = 1 }
+-- The URL schemes of the enabled backends, in order, with their rules: bbstage_site.lua's
+-- `schemes`, written by `bbstage install-lua` from the registry (bbstage.movers.url_rules),
+-- as bbstage/directives.py checks them; S3 alone without it.
+local SCHEMES = type(site) == "table" and site.schemes or { { scheme = "s3", what = "S3 bucket",
+	rules = "bucket names have 3-63 characters a-z 0-9 . - and start and end with a letter or digit",
+	one = "^[a-z0-9]$", many = "^[a-z0-9][a-z0-9%.%-]*[a-z0-9]$", low = 3, high = 63, utf8 = true, profile = true } }
+local BY_SCHEME, EXAMPLES, TAKERS = {}, {}, {}
+for i, r in ipairs(SCHEMES) do
+	BY_SCHEME[r.scheme], EXAMPLES[i] = r, r.scheme .. "://" .. match(r.what, "(%S+)$") .. "/key"
+	if r.profile then TAKERS[#TAKERS + 1] = r.scheme .. "://" end
+end
+EXAMPLES = #EXAMPLES > 0 and table.concat(EXAMPLES, ", ") or "nothing else"
+TAKERS = table.concat(TAKERS, " and ")
 local DW_UNITS = {}
 for u, v in pairs(UNITS) do DW_UNITS[u] = v end
 for e, u in ipairs({ "K", "M", "G", "T", "P" }) do DW_UNITS[u .. "IB"], DW_UNITS[u .. "B"] = 2 ^ (10 * e), 10 ^ (3 * e) end
@@ -55,11 +69,11 @@ duplicate-key	"%s" given twice: keep one
 empty-value	empty value for "%s": give a value
 missing-value	missing %s=: add %s=<location>
 unknown-variable	"%s" in %s: only a leading $BB_SCRATCH, $DW_JOB_STRIPED, $DW_JOB_PRIVATE or $DW_JOB_<name of a #DW jobdw above> is expanded (use %%u for the user name, %%j for the job id)
-bad-scheme	unsupported scheme in %s "%s": use an absolute path, $BB_SCRATCH/..., or s3://bucket/key
-bad-bucket/key	%s "%s" has no key part: write s3://bucket/ for a whole bucket or s3://bucket/key
-bad-bucket	bad S3 bucket in %s "%s": bucket names have 3-63 characters a-z 0-9 . - and start and end with a letter or digit
-non-utf8	byte 0x%02x in %s "%s" is not UTF-8 and S3 keys are UTF-8 text: save the script as UTF-8 (iconv -f LATIN1 -t UTF-8) or rename the key
-relative-path	relative path "%s" in %s: use an absolute path, $BB_SCRATCH/..., or s3://bucket/key
+bad-scheme	unsupported scheme in %s "%s": use an absolute path, $BB_SCRATCH/..., or %s
+bad-bucket/key	%s "%s" has no key part: write %s/ for a whole %s or %s/key
+bad-bucket	bad %s in %s "%s": %s
+non-utf8	byte 0x%02x in %s "%s" is not UTF-8 and %s keys are UTF-8 text: save the script as UTF-8 (iconv -f LATIN1 -t UTF-8) or rename the key
+relative-path	relative path "%s" in %s: use an absolute path, $BB_SCRATCH/..., or %s
 dot-dot	".." component in %s "%s": write the path without ..
 bad-glob	wildcard in %s "%s": wildcards are only allowed in a stage_in source
 bad-glob/tree	wildcard source "%s" ends with /: drop the / or the wildcard
@@ -70,7 +84,7 @@ tree-mismatch	source "%s" and destination "%s" must both be directories (ending 
 bad-option-value	%s="%s" is not allowed: use %s
 bad-option-value/profile	profile="%s" is not a valid profile name: use 1-64 characters A-Z a-z 0-9 _ . -
 bad-option-value/pool	pool="%s" is not a valid pool name: use 1-64 characters A-Z a-z 0-9 _ . -
-profile-without-s3	profile= applies only to s3:// locations: remove it
+profile-without-s3	profile= applies only to %s locations: remove it
 capacity-in-value	"capacity=" inside a value would be read by Slurm as a capacity request: rename the path
 duplicate-destination	destination "%s" is also written by line %d: give each directive its own destination
 bad-quote/pool	value of "%s" must not be quoted (Slurm reads pool= and capacity= verbatim)
@@ -300,15 +314,20 @@ local function location(v, role, verb, st) -- kind, tree, glob, location ($DW_JO
 		if name ~= "BB_SCRATCH" then st.dw, v = true, "$BB_SCRATCH" .. rest end
 		kind, path = "scratch", rest
 	elseif c ~= 47 then
-		if not find(v, "^[A-Za-z][A-Za-z0-9+%.%-]*://") then fail("relative-path", v, role) end
-		if sub(v, 1, 5) ~= "s3://" then fail("bad-scheme", role, v) end
-		local slash = find(v, "/", 6, true)
-		if not slash then fail("bad-bucket/key", role, v) end
-		local b = sub(v, 6, slash - 1)
-		if #b < 3 or #b > 63 or not find(b, "^[a-z0-9][a-z0-9%.%-]*[a-z0-9]$") then fail("bad-bucket", role, v) end
-		kind, path = "s3", sub(v, slash)
-		local bad = non_utf8(v)
-		if bad then fail("non-utf8", bad, role, v) end
+		local scheme = match(v, "^([A-Za-z][A-Za-z0-9+%.%-]*)://")
+		if not scheme then fail("relative-path", v, role, EXAMPLES) end
+		local r = BY_SCHEME[scheme]
+		if not r then fail("bad-scheme", role, v, EXAMPLES) end
+		local start, word = #scheme + 4, match(r.what, "(%S+)$")
+		local slash, top = find(v, "/", start, true), scheme .. "://" .. word
+		if not slash then fail("bad-bucket/key", role, v, top, word, top) end
+		local b = sub(v, start, slash - 1)
+		if #b < r.low or #b > r.high or not (find(b, r.one) or find(b, r.many)) then
+			fail("bad-bucket", r.what, role, v, r.rules)
+		end
+		kind, path = scheme, sub(v, slash)
+		local bad = r.utf8 and non_utf8(v)
+		if bad then fail("non-utf8", bad, role, v, match(r.what, "^(%S+)")) end
 	end
 	if find(path, "/../", 1, true) or sub(path, -3) == "/.." then fail("dot-dot", role, v) end
 	if find(path, "$", 1, true) then fail("unknown-variable", v, role) end
@@ -376,7 +395,9 @@ local function stage(st, n, written, keys, vals, dw)
 	if not VALUES.overwrite[options.overwrite] then fail("bad-option-value", "overwrite", options.overwrite, HINTS.overwrite) end
 	if kv.profile then
 		if not is_name(kv.profile) then fail("bad-option-value/profile", kv.profile) end
-		if skind ~= "s3" and dkind ~= "s3" then fail("profile-without-s3") end
+		if not (BY_SCHEME[skind] or {}).profile and not (BY_SCHEME[dkind] or {}).profile then
+			fail("profile-without-s3", TAKERS)
+		end
 		options.profile = kv.profile
 	end
 	for i = 2, #vals do

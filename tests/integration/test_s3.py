@@ -15,8 +15,9 @@ import pytest
 
 from bbstage.movers import MoverOptions, TransferError
 from bbstage.movers.implementations.s3 import S3Download, direct
+from bbstage.movers.implementations.s3.settings import S3Options
 from bbstage.transfer import Planned, TransferSpec
-from tests.helpers import Conn, make_tree, run_worker, tree_digests
+from tests.helpers import Conn, make_tree, run_worker, s3_sides, tree_digests
 from tests.s3env import S3Env, s3  # noqa: F401
 from tests.s3fault import FaultProxy
 
@@ -34,10 +35,12 @@ def stage(
         src,
         dst,
         job_id="it",
-        extra={
-            "s3": {"endpoint_url": endpoint or s3.endpoint, **conf},
-            "credentials": {"key": keys.key, "secret": keys.secret},
-        },
+        **s3_sides(
+            {
+                "s3": {"endpoint_url": endpoint or s3.endpoint, **conf},
+                "credentials": {"key": keys.key, "secret": keys.secret},
+            }
+        ),
     )
     return run_worker(spec)
 
@@ -80,7 +83,7 @@ def test_empty_objects_on_rgw_and_one_that_grew_after_planning(s3: S3Env, tmp_pa
         "s3": {"endpoint_url": s3.endpoint},
         "credentials": {"key": keys.key, "secret": keys.secret},
     }
-    mover = S3Download(MoverOptions(extra=conf))
+    mover = S3Download(MoverOptions(source=S3Options(**conf)))
     [task] = mover.plan(f"s3://{bucket}/t/empty", str(tmp_path / "grown"), tree=False, glob=False)
     client.put_object(Bucket=bucket, Key="t/empty", Body=os.urandom(3 << 20))
     failed = mover.copy_many([task], _NoProgress(), threading.Event(), lambda t: None)
@@ -178,10 +181,12 @@ def test_lean_listing_reads_rgw_as_botocore_does(s3: S3Env, tmp_path: Path) -> N
         f"s3://{bucket}/{prefix}",
         f"{tmp_path}/x/",
         job_id="it",
-        extra={
-            "s3": {"endpoint_url": s3.endpoint},
-            "credentials": {"key": keys.key, "secret": "wrong" + keys.secret[5:]},
-        },
+        **s3_sides(
+            {
+                "s3": {"endpoint_url": s3.endpoint},
+                "credentials": {"key": keys.key, "secret": "wrong" + keys.secret[5:]},
+            }
+        ),
     )
     with pytest.raises(TransferError, match="bad S3 credentials for the credentials") as e:
         run_worker(spec)
@@ -234,7 +239,7 @@ def test_errors_name_the_url_and_the_users_own_credentials_are_enforced(
         f"s3://{mine}/k",
         str(tmp_path / "y"),
         job_id="it",
-        extra={"s3": {"endpoint_url": s3.endpoint}, "credentials": spec_extra},
+        **s3_sides({"s3": {"endpoint_url": s3.endpoint}, "credentials": spec_extra}),
     )
     with pytest.raises(TransferError, match="bad S3 credentials for the credentials") as e:
         run_worker(spec)

@@ -16,8 +16,9 @@ import xxhash
 
 from bbstage.movers import MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
+from bbstage.movers.implementations.s3.settings import S3Options
 from bbstage.transfer import Planned, TransferSpec
-from tests.helpers import Sink, corrupt_once, digest, run_worker
+from tests.helpers import Sink, corrupt_once, digest, run_worker, s3_sides
 from tests.s3env import S3Env, s3  # noqa: F401
 
 from .conftest import USER, Cluster, as_user
@@ -36,7 +37,7 @@ def extra(s3: S3Env, **conf: Any) -> dict[str, Any]:
 def stage(s3: S3Env, src: str, dst: str, **fields: Any) -> Planned:
     """Run a transfer as a worker does, with bbuser1's keys; its Planned event."""
     conf = {k: fields.pop(k) for k in list(fields) if k in s3m.S3Settings.__dataclass_fields__}
-    spec = TransferSpec.between(src, dst, job_id="it", extra=extra(s3, **conf), **fields)
+    spec = TransferSpec.between(src, dst, job_id="it", **s3_sides(extra(s3, **conf)), **fields)
     return next(e for e in run_worker(spec).events if isinstance(e, Planned))
 
 
@@ -113,7 +114,8 @@ def test_checksum_both_directions(s3: S3Env, tmp_path: Path, size: int) -> None:
         out.mkdir()
         mover = s3m.S3Download(
             MoverOptions(
-                checksum="xxh3", extra=extra(s3, download_concurrency=concurrency, **SMALL)
+                checksum="xxh3",
+                source=S3Options(**extra(s3, download_concurrency=concurrency, **SMALL)),
             )
         )
         tasks = mover.plan(f"s3://{bucket}/c", str(out / "c"), tree=False, glob=False)
@@ -135,7 +137,7 @@ def test_rgw_refuses_a_body_that_does_not_match_its_content_md5(
     bucket = s3.create_bucket(owner=USER)
     data = os.urandom(size)
     (tmp_path / "f").write_bytes(data)
-    mover = s3m.S3Upload(MoverOptions(checksum="xxh3", extra=extra(s3, **SMALL)))
+    mover = s3m.S3Upload(MoverOptions(checksum="xxh3", source=S3Options(**extra(s3, **SMALL))))
     tasks = mover.plan(str(tmp_path / "f"), f"s3://{bucket}/c", tree=False, glob=False)
     calls = corrupt_once(mover, method)
     failed = mover.copy_many(tasks, Sink(), threading.Event(), lambda t: None)

@@ -3,7 +3,10 @@
 -- parse result as JSON or "!ERR <message>" if M.parse raised or returned a non-table.
 local lua_dir = arg[1] or "lua"
 package.path = lua_dir .. "/?.lua;" .. package.path
-local M = require("bbstage.directives")
+-- arg[2]: a bbstage_site.lua whose `schemes` the parser takes (as burst_buffer.lua hands it)
+local site = arg[2] and dofile(arg[2]) or nil
+local M = site and assert(loadfile(lua_dir .. "/bbstage/directives.lua"))(nil, site)
+	or require("bbstage.directives")
 
 local function str(s)
   return '"' .. s:gsub('[%c"\\]', function(c)

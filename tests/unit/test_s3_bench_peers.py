@@ -48,7 +48,7 @@ def test_bench_times_the_s3_peers_on_the_same_data(
         repeat=2,
         cache="warm",
         peers=S3_PEERS,
-        config=Config(s3={"endpoint_url": endpoint}),
+        config=Config(backend_settings={"s3": {"endpoint_url": endpoint}}),
         progress=False,
     )
     result = bench(opts)
@@ -66,7 +66,7 @@ def test_an_unknown_s3_baseline_is_refused(tmp_path: Path, endpoint: str, bucket
         destination=f"s3://{bucket}/x",
         plan=plan_sizes(1, "4K", None),
         peers=("rsync",),
-        config=Config(s3={"endpoint_url": endpoint}),
+        config=Config(backend_settings={"s3": {"endpoint_url": endpoint}}),
         progress=False,
     )
     with pytest.raises(BenchError, match="S3 baselines are s5cmd,rclone"):

@@ -10,7 +10,7 @@ import pytest
 from bbstage import config
 from bbstage.movers import MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
-from bbstage.movers.implementations.s3.settings import check_endpoint
+from bbstage.movers.implementations.s3.settings import S3Options, check_endpoint
 
 
 def load(tmp_path: Path, text: str) -> config.Config:
@@ -20,7 +20,7 @@ def load(tmp_path: Path, text: str) -> config.Config:
 
 
 def s3_settings(tmp_path: Path, line: str) -> s3m.S3Settings:
-    return s3m.S3Settings.from_config(load(tmp_path, f"[s3]\n{line}\n").s3)
+    return s3m.S3Settings.from_config(load(tmp_path, f"[s3]\n{line}\n").backend_settings["s3"])
 
 
 @pytest.mark.parametrize("value", ["0o644", '"644"', '"0644"', '"0o644"', "420"])
@@ -29,7 +29,8 @@ def test_file_mode_integer_is_the_mode_and_strings_are_octal(tmp_path: Path, val
 
 
 def test_file_mode_reaches_downloaded_files(tmp_path: Path) -> None:
-    mover = s3m.S3Download(MoverOptions(extra={"s3": load(tmp_path, "[s3]\nfile_mode = 0o640").s3}))
+    table = load(tmp_path, "[s3]\nfile_mode = 0o640").backend_settings["s3"]
+    mover = s3m.S3Download(MoverOptions(source=S3Options(table)))
     assert mover._file("s3://b/k", "/x/k", 1, None).mode == 0o640
     assert mover._dir("/x").mode == 0o750
 

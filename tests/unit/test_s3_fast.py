@@ -12,7 +12,7 @@ import pytest
 
 from bbstage.movers.implementations.s3 import MTIME_KEY, fast
 from bbstage.transfer import Planned, TransferSpec
-from tests.helpers import Conn, make_tree, run_worker, tree_digests
+from tests.helpers import Conn, make_tree, run_worker, s3_sides, tree_digests
 from tests.s3fault import FaultProxy
 
 pytest.importorskip("obstore")
@@ -36,7 +36,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
 def stage(src: str, dst: str, endpoint: str, checksum: str = "none") -> Conn:
     extra = {"s3": {"endpoint_url": endpoint}, "credentials": CREDS}
-    spec = TransferSpec.between(src, dst, job_id="f", checksum=checksum, extra=extra)
+    spec = TransferSpec.between(src, dst, job_id="f", checksum=checksum, **s3_sides(extra))
     return run_worker(spec)
 
 

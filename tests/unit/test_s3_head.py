@@ -16,7 +16,7 @@ from bbstage.movers import TransferError
 from bbstage.movers.implementations.s3 import head
 from bbstage.movers.implementations.s3.errors import translate
 from bbstage.transfer import TransferSpec
-from tests.helpers import run_worker
+from tests.helpers import run_worker, s3_sides
 from tests.unit.test_s3_listing import ODD, _Fast
 
 
@@ -64,13 +64,15 @@ def test_staging_one_object_heads_it_without_botocore(
     monkeypatch.setattr(head.DirectHead, "head", spy)
     extra = {"s3": {"endpoint_url": endpoint}, "credentials": {"key": "testing", "secret": "x"}}
     run_worker(
-        TransferSpec.between(f"s3://{bucket}/one", str(tmp_path / "one"), job_id="h", extra=extra)
+        TransferSpec.between(
+            f"s3://{bucket}/one", str(tmp_path / "one"), job_id="h", **s3_sides(extra)
+        )
     )
     assert asked == ["one"] and (tmp_path / "one").read_bytes() == b"one object"
     with pytest.raises(TransferError, match=f"no such object: s3://{bucket}/none"):
         run_worker(
             TransferSpec.between(
-                f"s3://{bucket}/none", str(tmp_path / "x"), job_id="h", extra=extra
+                f"s3://{bucket}/none", str(tmp_path / "x"), job_id="h", **s3_sides(extra)
             )
         )
     assert asked == ["one", "none"] and not (tmp_path / "x").exists()

@@ -19,8 +19,9 @@ import xxhash
 from bbstage.movers import FileTask, MoverOptions, TransferError
 from bbstage.movers import checksum as cs
 from bbstage.movers.implementations import s3 as s3m
+from bbstage.movers.implementations.s3.settings import S3Options
 from bbstage.transfer import Planned, TransferSpec
-from tests.helpers import Sink, corrupt_once, run_worker
+from tests.helpers import Sink, corrupt_once, run_worker, s3_sides
 
 from .test_s3_mover import extra
 
@@ -30,7 +31,7 @@ SMALL = {"part_size": "5M", "multipart_threshold": "8M", "max_concurrency": 4}
 def run(src: str, dst: str, endpoint: str, **fields: Any) -> Planned:
     """Stage as a worker does (plan, select, copy with retries); the Planned event."""
     s3 = {k: fields.pop(k) for k in list(fields) if k in s3m.S3Settings.__dataclass_fields__}
-    spec = TransferSpec.between(src, dst, job_id="7", extra=extra(endpoint, **s3), **fields)
+    spec = TransferSpec.between(src, dst, job_id="7", **s3_sides(extra(endpoint, **s3)), **fields)
     return next(e for e in run_worker(spec).events if isinstance(e, Planned))
 
 
@@ -203,7 +204,8 @@ def test_download_with_checksum_refuses_a_corrupted_object(
     out.mkdir()
     mover = s3m.S3Download(
         MoverOptions(
-            checksum="xxh3", extra=extra(endpoint, download_concurrency=concurrency, **SMALL)
+            checksum="xxh3",
+            source=S3Options(**extra(endpoint, download_concurrency=concurrency, **SMALL)),
         )
     )
     tasks = mover.plan(f"s3://{bucket}/c", str(out / "c"), tree=False, glob=False)
@@ -228,7 +230,9 @@ def test_upload_with_checksum_finds_bytes_that_landed_wrong(
 ) -> None:
     data = os.urandom(size)
     (tmp_path / "f").write_bytes(data)
-    mover = s3m.S3Upload(MoverOptions(checksum="xxh3", extra=extra(endpoint, **SMALL)))
+    mover = s3m.S3Upload(
+        MoverOptions(checksum="xxh3", source=S3Options(**extra(endpoint, **SMALL)))
+    )
     tasks = mover.plan(str(tmp_path / "f"), f"s3://{bucket}/c", tree=False, glob=False)
     corrupt_once(mover, method)  # moto ignores Content-MD5: only the ETag check catches it
     failed = mover.copy_many(tasks, Sink(), threading.Event(), lambda t: None)
@@ -251,7 +255,9 @@ def test_multipart_with_checksum_refuses_a_file_that_changed_while_read(
     # The digest taken before the upload differs from the bytes then read: as if the file
     # had been rewritten in between.
     monkeypatch.setattr(cs, "digest_fd", lambda algorithm, fd: "0" * 32)
-    mover = s3m.S3Upload(MoverOptions(checksum="xxh3", extra=extra(endpoint, **SMALL)))
+    mover = s3m.S3Upload(
+        MoverOptions(checksum="xxh3", source=S3Options(**extra(endpoint, **SMALL)))
+    )
     tasks = mover.plan(str(tmp_path / "f"), f"s3://{bucket}/c", tree=False, glob=False)
     failed = mover.copy_many(tasks, Sink(), threading.Event(), lambda t: None)
     mover.close()
@@ -297,7 +303,7 @@ def test_resumed_tree_upload_heads_only_objects_of_matching_size(
 
 def test_unknown_checksum_is_refused() -> None:
     with pytest.raises(TransferError, match="unknown checksum 'md5'"):
-        s3m.S3Upload(MoverOptions(checksum="md5", extra=extra("http://unused")))
+        s3m.S3Upload(MoverOptions(checksum="md5", source=S3Options(**extra("http://unused"))))
 
 
 def test_current_is_never_true_on_size_alone(
@@ -305,7 +311,7 @@ def test_current_is_never_true_on_size_alone(
 ) -> None:
     (tmp_path / "f").write_bytes(b"abcd")
     client.put_object(Bucket=bucket, Key="k", Body=b"wxyz")
-    mover = s3m.S3Upload(MoverOptions(extra=extra(endpoint)))
+    mover = s3m.S3Upload(MoverOptions(source=S3Options(**extra(endpoint))))
     [task] = mover.plan(str(tmp_path / "f"), f"s3://{bucket}/k", tree=False, glob=False)
     assert mover.current(task) is False
     assert mover.current(FileTask(task.src, f"s3://{bucket}/absent", size=4)) is None

@@ -21,8 +21,9 @@ from bbstage import worker
 from bbstage.movers import FileTask, MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
 from bbstage.movers.implementations.s3.download import _safe_rel
+from bbstage.movers.implementations.s3.settings import S3Options
 from bbstage.transfer import Done, Failed, Planned, Shard, TransferSpec
-from tests.helpers import Conn, file_digest, run_worker
+from tests.helpers import Conn, file_digest, run_worker, s3_sides
 
 CREDS = {"key": "testing", "secret": "testing"}
 
@@ -35,7 +36,7 @@ def run(
     src: str, dst: str, endpoint: str, *, glob: bool = False, ex: dict | None = None, **s3: Any
 ) -> Conn:
     spec = TransferSpec.between(
-        src, dst, job_id="7", glob=glob, extra=ex if ex is not None else extra(endpoint, **s3)
+        src, dst, job_id="7", glob=glob, **s3_sides(ex if ex is not None else extra(endpoint, **s3))
     )
     return run_worker(spec)
 
@@ -278,8 +279,9 @@ def test_a_user_without_credentials_never_gets_the_hosts_role(
     """The instance-role and container-role providers are out of the chain, so a fake host
     role on 127.0.0.1 is never asked. ``instance``: the user's own ~/.aws/config points IMDS
     here (on EC2 it needs no setting at all: 169.254.169.254). ``container``: only
-    AWS_CONTAINER_CREDENTIALS_FULL_URI reaches it, which the worker deletes (aws-env-dropped),
-    so this route checks the chain alone, as if root's environment had leaked through."""
+    AWS_CONTAINER_CREDENTIALS_FULL_URI reaches it, which the worker never passes on
+    (worker-env-allow-list), so this route checks the chain alone, as if root's environment
+    had leaked through."""
     url, asked = host_role
     for name in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(name)
@@ -305,7 +307,9 @@ def test_endpoint_unreachable_is_transient_and_named(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here once closed
     url = f"http://127.0.0.1:{port}"
-    mover = s3m.S3Download(MoverOptions(extra=extra(url, retries=1, connect_timeout=1)))
+    mover = s3m.S3Download(
+        MoverOptions(source=S3Options(**extra(url, retries=1, connect_timeout=1)))
+    )
     with pytest.raises(TransferError, match=f"S3 endpoint not reachable: {url}") as e:
         mover.plan("s3://bkt-x/k", str(tmp_path / "k"), tree=False, glob=False)
     assert not e.value.permanent
@@ -321,7 +325,9 @@ def test_cancel_aborts_the_multipart_upload(
     src = tmp_path / "big"
     src.write_bytes(os.urandom(30 << 20))
     opts = MoverOptions(
-        extra=extra(endpoint, part_size="5M", multipart_threshold="8M", max_concurrency=1)
+        source=S3Options(
+            **extra(endpoint, part_size="5M", multipart_threshold="8M", max_concurrency=1)
+        )
     )
     mover = s3m.S3Upload(opts)
     tasks = mover.plan(str(src), f"s3://{bucket}/big", tree=False, glob=False)
@@ -347,7 +353,7 @@ def test_failed_download_leaves_no_file_and_takes_back_progress(
     tmp_path: Path, endpoint: str, client: Any, bucket: str, now: int
 ) -> None:
     client.put_object(Bucket=bucket, Key="k", Body=b"x" * 1000)
-    mover = s3m.S3Download(MoverOptions(extra=extra(endpoint)))
+    mover = s3m.S3Download(MoverOptions(source=S3Options(**extra(endpoint))))
     [task] = mover.plan(f"s3://{bucket}/k", str(tmp_path / "k"), tree=False, glob=False)
     client.put_object(Bucket=bucket, Key="k", Body=b"y" * now)  # changed after planning
     added: list[int] = []
@@ -382,7 +388,7 @@ def test_an_empty_object_that_grew_is_refused_having_read_one_byte(
 
     monkeypatch.setattr(fast.FastS3, "get", spy)
     client.put_object(Bucket=bucket, Key="e", Body=b"")
-    mover = s3m.S3Download(MoverOptions(extra=extra(endpoint)))
+    mover = s3m.S3Download(MoverOptions(source=S3Options(**extra(endpoint))))
     [task] = mover.plan(f"s3://{bucket}/e", str(tmp_path / "e"), tree=False, glob=False)
     client.put_object(Bucket=bucket, Key="e", Body=b"y" * 5_000_000)
     failed = mover.copy_many([task], _NoProgress(), threading.Event(), lambda t: None)
@@ -464,21 +470,15 @@ def test_settings_and_mapped_accounts(tmp_path: Path) -> None:
             "bin": {"profile": "missing", "credentials_file": str(creds)},
         },
     }
-    extra0 = s3m.spec_extra(conf, 0, None)
-    assert extra0 == {
-        "s3": {"endpoint_url": "http://e"},
-        "profile": None,
-        "credentials": {"key": "K", "secret": "S"},
-    }
-    assert s3m.spec_extra(conf, 0, "mine") == {
-        "s3": {"endpoint_url": "http://e"},
-        "profile": "mine",
-    }
-    assert s3m.spec_extra(conf, 1, None)["credentials"] == {"key": "K2", "secret": "S2"}
-    broken = s3m.spec_extra(conf, 2, None)
-    assert "cannot read profile 'missing'" in broken["credentials_error"]
+    assert s3m.s3_options(conf, 0, None) == S3Options(
+        s3={"endpoint_url": "http://e"}, credentials={"key": "K", "secret": "S"}
+    )
+    assert s3m.s3_options(conf, 0, "mine") == S3Options({"endpoint_url": "http://e"}, "mine")
+    assert s3m.s3_options(conf, 1, None).credentials == {"key": "K2", "secret": "S2"}
+    broken = s3m.s3_options(conf, 2, None)
+    assert "cannot read profile 'missing'" in (broken.credentials_error or "")
     with pytest.raises(TransferError, match="ask the administrator"):
-        s3m.S3Download(MoverOptions(extra=broken))
+        s3m.S3Download(MoverOptions(source=broken))
 
 
 def test_upload_follows_file_links_and_skips_dir_links(
@@ -497,7 +497,7 @@ def test_upload_follows_file_links_and_skips_dir_links(
 
 def test_plan_tasks_are_file_tasks(tmp_path: Path, endpoint: str, bucket: str) -> None:
     (tmp_path / "f").write_text("x")
-    mover = s3m.S3Upload(MoverOptions(extra=extra(endpoint)))
+    mover = s3m.S3Upload(MoverOptions(source=S3Options(**extra(endpoint))))
     tasks = mover.plan(str(tmp_path / "f"), f"s3://{bucket}/f", tree=False, glob=False)
     assert [(t.dst, t.kind, t.size) for t in tasks] == [(f"s3://{bucket}/f", "file", 1)]
     assert isinstance(tasks[0], FileTask)
@@ -562,7 +562,9 @@ def test_timestamps_parse_as_botocore_parses_them(value: str) -> None:
 
     ours, theirs = parse_timestamp(value), botocore_parse(value)
     assert ours == theirs and ours.timestamp() == theirs.timestamp()
-    options = MoverOptions(job_id="t", extra={"s3": {"endpoint_url": "http://127.0.0.1:9"}})
+    options = MoverOptions(
+        job_id="t", source=S3Options(**{"s3": {"endpoint_url": "http://127.0.0.1:9"}})
+    )
     factory = s3m.S3Download(options)._filesystem().session.get_component("response_parser_factory")
     assert factory._defaults["timestamp_parser"] is parse_timestamp
 
@@ -576,7 +578,10 @@ def test_an_objects_ranges_by_several_shares_make_the_file(
     client.put_object(Bucket=bucket, Key="big", Body=data)
     dst = tmp_path / "big"
     spec = TransferSpec.between(
-        f"s3://{bucket}/big", str(dst), job_id="7", extra=extra(endpoint, part_size="5M")
+        f"s3://{bucket}/big",
+        str(dst),
+        job_id="7",
+        **s3_sides(extra(endpoint, part_size="5M")),
     )
     manifests = []
     for i in (1, 2, 0):
@@ -608,7 +613,7 @@ def test_one_files_shares_upload_pieces_and_the_last_assembles_the_object(
         str(src),
         f"s3://{bucket}/out/big",
         job_id="7",
-        extra=extra(endpoint, part_size="5M", multipart_threshold=threshold),
+        **s3_sides(extra(endpoint, part_size="5M", multipart_threshold=threshold)),
     )
     ends: list[Any] = [None] * 3
 
@@ -646,7 +651,9 @@ def test_pieces_of_two_versions_of_the_source_are_never_assembled(
     object is made, and the pieces are removed."""
     src = tmp_path / "big"
     src.write_bytes(os.urandom(12 << 20))
-    spec = TransferSpec.between(str(src), f"s3://{bucket}/big", job_id="7", extra=extra(endpoint))
+    spec = TransferSpec.between(
+        str(src), f"s3://{bucket}/big", job_id="7", **s3_sides(extra(endpoint))
+    )
 
     def share(i: int) -> Any:
         conn = Conn()

@@ -14,12 +14,15 @@ import pytest
 from bbstage.movers import FileTask, MoverOptions, TransferError
 from bbstage.movers.implementations.s3 import listing
 from bbstage.movers.implementations.s3.download import S3Download
+from bbstage.movers.implementations.s3.settings import S3Options
 
 CREDS = {"key": "testing", "secret": "testing"}
 
 
 def mover(endpoint: str) -> S3Download:
-    return S3Download(MoverOptions(extra={"s3": {"endpoint_url": endpoint}, "credentials": CREDS}))
+    return S3Download(
+        MoverOptions(source=S3Options(**{"s3": {"endpoint_url": endpoint}, "credentials": CREDS}))
+    )
 
 
 def counting(m: S3Download) -> list[str | None]:

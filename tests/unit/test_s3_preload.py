@@ -9,6 +9,7 @@ import multiprocessing
 import sys
 
 from bbstage.executor import TransferExecutor
+from bbstage.movers.implementations.s3.settings import S3Options
 
 
 def _loaded(conn: multiprocessing.connection.Connection) -> None:
@@ -43,7 +44,9 @@ def test_every_s3_client_of_a_process_shares_one_loader_of_botocores_own_data() 
     from bbstage.movers.implementations.s3.common import botocore_loader
 
     def loader_of_a_new_mover() -> object:
-        options = MoverOptions(job_id="t", extra={"s3": {"endpoint_url": "http://127.0.0.1:9"}})
+        options = MoverOptions(
+            job_id="t", source=S3Options(**{"s3": {"endpoint_url": "http://127.0.0.1:9"}})
+        )
         return S3Download(options)._filesystem().session.get_component("data_loader")
 
     assert loader_of_a_new_mover() is loader_of_a_new_mover() is botocore_loader()

@@ -21,7 +21,7 @@ import pytest
 from bbstage.movers import TransferError
 from bbstage.movers.implementations.s3 import direct, download, fast
 from bbstage.transfer import TransferSpec
-from tests.helpers import Conn, file_digest, run_worker
+from tests.helpers import Conn, file_digest, run_worker, s3_sides
 from tests.s3fault import FaultProxy
 
 CREDS = {"key": "testing", "secret": "testing"}
@@ -55,7 +55,7 @@ def big(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, P
 
 def fetch(url: str, dst: Path, endpoint: str, **s3: Any) -> Conn:
     extra = {"s3": {"endpoint_url": endpoint, **SMALL, **s3}, "credentials": CREDS}
-    return run_worker(TransferSpec.between(url, str(dst), job_id="r", extra=extra))
+    return run_worker(TransferSpec.between(url, str(dst), job_id="r", **s3_sides(extra)))
 
 
 @pytest.fixture(autouse=True, params=["botocore", "direct"])

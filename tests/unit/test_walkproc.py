@@ -221,6 +221,6 @@ def test_the_walk_imports_the_workers_own_bbstage(monkeypatch: pytest.MonkeyPatc
     """Its PYTHONPATH puts the worker's bbstage first and keeps what the worker had (a
     site's libraries may be found that way)."""
     monkeypatch.setenv("PYTHONPATH", "/opt/site-libs")
-    assert walkproc._pythonpath() == f"{ROOT}{os.pathsep}/opt/site-libs"
+    assert walkproc.own_pythonpath() == f"{ROOT}{os.pathsep}/opt/site-libs"
     monkeypatch.delenv("PYTHONPATH")
-    assert walkproc._pythonpath() == ROOT
+    assert walkproc.own_pythonpath() == ROOT

@@ -7,9 +7,18 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
 
 from bbstage.movers import localfs
-from bbstage.movers.base import Cancelled, FileTask, Mover, Progress, TransferError
+from bbstage.movers.backend import Backend
+from bbstage.movers.base import (
+    BackendOptions,
+    Cancelled,
+    FileTask,
+    Mover,
+    Progress,
+    TransferError,
+)
 from bbstage.movers.checksum import verify
 
 _STEP = 16 << 20  # bytes per copy_file_range call, and per progress report
@@ -175,3 +184,22 @@ def _copy_range(
         offset += n
         progress.add(n)
     return offset - start
+
+
+class PosixBackend(Backend):
+    """Local paths (and ``$BB_SCRATCH``): no URL, no config table, no options, nothing from
+    the daemon's environment: a posix to posix transfer carries no other backend's settings
+    or secrets."""
+
+    name = "posix"
+    movers: ClassVar[dict[tuple[str, str], str]] = {
+        ("posix", "posix"): "bbstage.movers.implementations.posix:PosixMover",
+    }
+    preload = ("bbstage.movers.implementations.posix",)
+    local = True
+
+    @classmethod
+    def filesystem(cls, options: BackendOptions | None, url: str) -> Any:
+        from fsspec.implementations.local import LocalFileSystem
+
+        return LocalFileSystem()

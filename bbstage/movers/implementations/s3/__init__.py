@@ -29,27 +29,94 @@ one file's shares across nodes), ``fast`` (small objects via obstore), ``direct`
 (S3 times, parsed fast).
 """
 
+from typing import Any, ClassVar
+
+from bbstage.movers.backend import Backend, UrlRule
+from bbstage.movers.base import BackendOptions, MoverOptions
 from bbstage.movers.implementations.s3.common import MTIME_KEY, checksum_key
 from bbstage.movers.implementations.s3.download import S3Download
 from bbstage.movers.implementations.s3.errors import S3Error, split_url, translate
 from bbstage.movers.implementations.s3.pieces import S3Upload
 from bbstage.movers.implementations.s3.settings import (
+    S3Options,
     S3Settings,
     mapped_credentials,
     parse_mode,
-    spec_extra,
+    s3_options,
 )
+
+_HERE = "bbstage.movers.implementations.s3"
+
+
+class S3Backend(Backend):
+    """``s3://bucket/key``: the registry's entry for S3 (its fast paths both ways)."""
+
+    name = "s3"
+    schemes = ("s3",)
+    url_rule = UrlRule(
+        what="S3 bucket",
+        rules="bucket names have 3-63 characters a-z 0-9 . - and start and end with a letter"
+        " or digit",
+        chars=("a-z", "0-9", ".", "-"),
+        ends=("a-z", "0-9"),
+        low=3,
+        high=63,
+    )
+    section = "s3"
+    directive_keys = frozenset({"profile"})
+    # Read by botocore and aiohttp; never AWS_* (root's keys, container-role URIs): the
+    # user's own ~/.aws files and [s3.accounts] are the only credentials.
+    env = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy")
+    preload = (
+        _HERE,  # once, not per worker (docs/performance.md)
+        "s3fs",  # the S3 movers import these at their first client, ~0.3 s
+        "aiobotocore.session",
+        "obstore",  # 15 MB of Rust: else read at each worker's first small object
+        f"{_HERE}.preload",  # botocore's S3 model, parsed
+    )
+    movers: ClassVar[dict[tuple[str, str], str]] = {
+        ("s3", "posix"): f"{_HERE}:S3Download",
+        ("posix", "s3"): f"{_HERE}:S3Upload",
+    }
+    assembles_pieces = True
+
+    @classmethod
+    def check_settings(cls, raw: dict[str, Any]) -> None:
+        S3Settings.from_config(raw)
+
+    @classmethod
+    def options(
+        cls, settings: dict[str, Any], uid: int, directive: dict[str, str]
+    ) -> BackendOptions | None:
+        return s3_options(settings, uid, directive.get("profile"))
+
+    @classmethod
+    def filesystem(cls, options: BackendOptions | None, url: str) -> Any:
+        """s3fs on the user's credentials and the site's ``[s3]``, as the fast paths build it
+        (the endpoint checked against ``allowed_endpoints`` before any request): the
+        generic mover's S3 side (store to store)."""
+        mine = options if isinstance(options, S3Options) else S3Options()
+        mover = S3Download(MoverOptions(source=mine))
+        mover._run(mover._s3)
+        return mover._filesystem()
+
+    @classmethod
+    def strip(cls, url: str) -> str:
+        return url.removeprefix("s3://")
+
 
 __all__ = [
     "MTIME_KEY",
+    "S3Backend",
     "S3Download",
     "S3Error",
+    "S3Options",
     "S3Settings",
     "S3Upload",
     "checksum_key",
     "mapped_credentials",
     "parse_mode",
-    "spec_extra",
+    "s3_options",
     "split_url",
     "translate",
 ]

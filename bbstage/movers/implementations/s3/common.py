@@ -23,7 +23,7 @@ from bbstage.movers.implementations.s3.errors import S3Error, _user, translate
 from bbstage.movers.implementations.s3.fast import FastS3, is_obstore_error, translate_obstore
 from bbstage.movers.implementations.s3.head import DirectHead
 from bbstage.movers.implementations.s3.listing import DirectList
-from bbstage.movers.implementations.s3.settings import S3Settings, check_endpoint
+from bbstage.movers.implementations.s3.settings import S3Options, S3Settings, check_endpoint
 from bbstage.movers.implementations.s3.timestamps import parse_timestamp
 
 T = TypeVar("T")
@@ -44,11 +44,12 @@ class _S3Mover(Mover):
 
     def __init__(self, options: MoverOptions) -> None:
         super().__init__(options)
-        self.settings = S3Settings.from_config(dict(options.extra.get("s3") or {}))
-        self.profile: str | None = options.extra.get("profile") or None
-        if options.extra.get("credentials_error"):
-            raise TransferError(options.extra["credentials_error"])
-        self._creds: dict[str, str] | None = options.extra.get("credentials")
+        mine = options.side(S3Options) or S3Options()
+        self.settings = S3Settings.from_config(dict(mine.s3))
+        self.profile: str | None = mine.profile or None
+        if mine.credentials_error:
+            raise TransferError(mine.credentials_error)
+        self._creds: dict[str, str] | None = mine.credentials
         if self.profile:
             self.who = f"profile {self.profile!r}"
         elif self._creds:

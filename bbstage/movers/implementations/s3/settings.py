@@ -10,12 +10,12 @@ import configparser
 import pwd
 import re
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from bbstage.movers.base import TransferError
+from bbstage.movers.base import BackendOptions, TransferError
 from bbstage.units import parse_size
 
 log = structlog.get_logger("bbstage.s3")
@@ -225,21 +225,29 @@ def mapped_credentials(s3: dict[str, Any], user: str) -> dict[str, str] | None:
     return creds
 
 
-def spec_extra(s3: dict[str, Any], uid: int, profile: str | None) -> dict[str, Any]:
-    """What ``Engine._spec`` passes to an S3 mover: ``[s3]`` without the account table, the
-    directive's ``profile=``, and (only without ``profile=``) this user's mapped credentials."""
+@dataclass(frozen=True)
+class S3Options(BackendOptions):
+    """The S3 side of a transfer, as the worker gets it: ``[s3]`` without the account table,
+    the directive's ``profile=``, and (only without ``profile=``) the credentials the
+    administrator mapped to the job's user, or why they could not be read."""
+
+    s3: dict[str, Any] = field(default_factory=dict)
+    profile: str | None = None
+    credentials: dict[str, str] | None = None
+    credentials_error: str | None = None
+
+
+def s3_options(s3: dict[str, Any], uid: int, profile: str | None) -> S3Options:
+    """What ``S3Backend.options`` gives a transfer's S3 side (see ``S3Options``)."""
     public = {k: v for k, v in s3.items() if k != "accounts"}
-    extra: dict[str, Any] = {"s3": public, "profile": profile}
-    if not profile and s3.get("accounts"):
-        try:
-            user = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return extra
-        try:
-            creds = mapped_credentials(s3, user)
-        except TransferError as exc:
-            extra["credentials_error"] = str(exc)  # the mover reports it as the job's reason
-            return extra
-        if creds:
-            extra["credentials"] = creds
-    return extra
+    if profile or not s3.get("accounts"):
+        return S3Options(public, profile)
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return S3Options(public, profile)
+    try:
+        creds = mapped_credentials(s3, user)
+    except TransferError as exc:  # the mover reports it as the job's reason
+        return S3Options(public, profile, credentials_error=str(exc))
+    return S3Options(public, profile, credentials=creds)

@@ -1,0 +1,274 @@
+"""Any enabled fsspec store, both ways and store to store: ``gs://`` (gcsfs), ``az://`` and
+``abfs://`` (adlfs), ``https://`` (fsspec's HTTP, read-only), ``sftp://`` (sshfs).
+
+One backend class per scheme (``GCSBackend``, ``AzureBackend``, ``HTTPSBackend``,
+``SFTPBackend``) on ``StoreBackend``, here, and one mover, ``mover.GenericMover``, for every pair of
+backends that has no fast path of its own (``Backend.movers``): it reads the source through
+its backend's filesystem (a local source through ``localfs.open_source``: no symbolic link
+followed) and streams it, ``chunk_size`` bytes at a time, to the destination, through the
+worker: store to store never touches a disk. The rules of every transfer hold:
+
+* local destinations: a temporary file beside the destination, renamed into place when its
+  size is right (``localfs.atomic_file``), mode ``0o644`` (directories ``0o755``) and the
+  source's modification time;
+  a big file from a store (without ``checksum=``) is read in ranges, several at once, each
+  written in place in that temporary file (``mover.RANGE``, ``mover.RANGES``);
+* stores that make an object appear whole when its upload completes (GCS, Azure Blob) are
+  written in place: the upload is the atomic step; stores that do not (SFTP) get a
+  temporary name beside the destination, renamed when complete;
+* ``checksum=``: the digest of the bytes read is compared with a digest of what was
+  written, read back (a mismatch is retried);
+* ``overwrite=``, resume (a file already current is not copied again: same size, and a
+  destination at least as new as the source), cancel (between chunks), progress per chunk.
+
+Credentials are the user's own, from their home (the worker runs as the user, ``HOME`` set):
+Google's application default credentials (``~/.config/gcloud/application_default_credentials.json``,
+written by ``gcloud auth application-default login``); an Azure connection string in
+``~/.config/bbstage/azure-connection-string`` (one line, readable by the user alone); SSH keys
+and ``known_hosts`` in ``~/.ssh`` (host keys are checked). Errors are translated in one
+table (``_ERRORS``, as s3fs's ``errors.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from bbstage.movers.backend import Backend, UrlRule
+from bbstage.movers.base import BackendOptions, TransferError
+
+
+@dataclass(frozen=True)
+class StoreOptions(BackendOptions):
+    """A store's side of a transfer: its table of the daemon config (endpoints, a CA
+    bundle); never a credential (those are the user's own, in their home)."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+class StoreBackend(Backend):
+    """A store reached through fsspec. Subclasses name the fsspec protocol and turn the
+    settings (and the URL) into the filesystem's arguments."""
+
+    protocol: ClassVar[str]  # fsspec's name for it
+    atomic_put: ClassVar[bool] = True  # an object appears whole when its upload completes
+    cat_ranges: ClassVar[bool] = True  # its filesystem's cat_file(path, start, end) reads a range
+    settings_keys: ClassVar[frozenset[str]] = frozenset()  # keys of its config table
+    env = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy")
+    preload = ("fsspec", "aiohttp")
+
+    @classmethod
+    def check_settings(cls, raw: dict[str, Any]) -> None:
+        for key, value in raw.items():
+            if key not in cls.settings_keys:
+                known = ", ".join(sorted(cls.settings_keys))
+                raise TransferError(f"daemon config [{cls.section}]: unknown key {key!r} ({known})")
+            if not isinstance(value, str):
+                raise TransferError(f"daemon config [{cls.section}] {key}: {value!r} is not text")
+        bundle = raw.get("ca_bundle")
+        if bundle is not None and not os.path.isfile(bundle):
+            raise TransferError(f"daemon config [{cls.section}] ca_bundle: no file {bundle}")
+
+    @classmethod
+    def options(
+        cls, settings: dict[str, Any], uid: int, directive: dict[str, str]
+    ) -> BackendOptions | None:
+        return StoreOptions(dict(settings))
+
+    @classmethod
+    def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
+        """The fsspec filesystem's arguments."""
+        return {}
+
+    @classmethod
+    def filesystem(cls, options: BackendOptions | None, url: str) -> Any:
+        import fsspec
+
+        settings = options.settings if isinstance(options, StoreOptions) else {}
+        return fsspec.filesystem(
+            cls.protocol, skip_instance_cache=True, **cls.kwargs(settings, url)
+        )
+
+    @classmethod
+    def strip(cls, url: str) -> str:
+        return url.split("://", 1)[1]
+
+    @classmethod
+    def unstrip(cls, url: str, path: str) -> str:
+        """The URL of ``path`` (as the filesystem names it) on the store of ``url``."""
+        return url.split("://", 1)[0] + "://" + path
+
+
+def _ssl_client(bundle: str | None) -> Any:
+    """An aiohttp session factory (fsspec's ``get_client``) trusting the system's CAs and,
+    if given, the site's ``ca_bundle`` too: verification is never turned off."""
+    import ssl
+
+    import aiohttp
+
+    context = ssl.create_default_context()
+    if bundle:
+        context.load_verify_locations(cafile=bundle)
+
+    async def get_client(**kwargs: Any) -> Any:
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context), **kwargs)
+
+    return get_client
+
+
+class GCSBackend(StoreBackend):
+    """``gs://bucket/key``: Google Cloud Storage through gcsfs, with the user's application
+    default credentials. ``[gs] endpoint_url`` for a private endpoint (or the emulator, with
+    ``anonymous = "true"`` for tests)."""
+
+    name, schemes, section, protocol = "gs", ("gs",), "gs", "gs"
+    settings_keys = frozenset({"endpoint_url", "project", "anonymous"})
+    url_rule = UrlRule(
+        what="GCS bucket",
+        rules="bucket names have 3-63 characters a-z 0-9 . _ - and start and end with a"
+        " letter or digit",
+        chars=("a-z", "0-9", ".", "_", "-"),
+        ends=("a-z", "0-9"),
+        low=3,
+        high=63,
+    )
+    preload = ("fsspec", "aiohttp", "gcsfs")
+
+    @classmethod
+    def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
+        args: dict[str, Any] = {"token": "anon" if settings.get("anonymous") == "true" else None}
+        if settings.get("endpoint_url"):
+            args["endpoint_url"] = settings["endpoint_url"]
+        if settings.get("project"):
+            args["project"] = settings["project"]
+        return args
+
+    @classmethod
+    def filesystem(cls, options: BackendOptions | None, url: str) -> Any:
+        """gcsfs's plain JSON-API filesystem (``gcsfs.core``): the package's default class
+        (GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT) first asks each bucket's layout over gRPC, which
+        a private endpoint or the emulator does not answer (a minute of retries per bucket)."""
+        from gcsfs.core import GCSFileSystem
+
+        settings = options.settings if isinstance(options, StoreOptions) else {}
+        return GCSFileSystem(skip_instance_cache=True, **cls.kwargs(settings, url))
+
+
+AZURE_CONNECTION = ".config/bbstage/azure-connection-string"  # under the user's home
+
+
+class AzureBackend(StoreBackend):
+    """``az://container/path`` (and ``abfs://``): Azure Blob Storage through adlfs, with the
+    user's own connection string (``~/.config/bbstage/azure-connection-string``)."""
+
+    name, schemes, section, protocol = "az", ("az", "abfs"), "az", "az"
+    settings_keys = frozenset()  # the endpoint is the connection string's
+    url_rule = UrlRule(
+        what="Azure container",
+        rules="container names have 3-63 characters a-z 0-9 - and start and end with a"
+        " letter or digit",
+        chars=("a-z", "0-9", "-"),
+        ends=("a-z", "0-9"),
+        low=3,
+        high=63,
+    )
+    preload = ("fsspec", "aiohttp", "adlfs")
+
+    @classmethod
+    def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
+        path = os.path.join(os.path.expanduser("~"), AZURE_CONNECTION)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as f:
+                if os.fstat(f.fileno()).st_mode & 0o077:
+                    raise TransferError(
+                        f"{path} is readable by others: chmod 600 it (it holds your key)"
+                    )
+                text = f.read().strip()
+        except OSError as exc:
+            raise TransferError(
+                f"no Azure credentials: put your storage account's connection string in {path}"
+                f" ({exc.strerror})"
+            ) from None
+        return {"connection_string": text}
+
+
+class HTTPSBackend(StoreBackend):
+    """``https://host/path``: a source only, through fsspec's HTTP (aiohttp), TLS verified
+    against the system's CAs and ``[https] ca_bundle``."""
+
+    name, schemes, section, protocol = "https", ("https",), "https", "https"
+    read_only = True
+    settings_keys = frozenset({"ca_bundle"})
+    url_rule = UrlRule(
+        what="host",
+        rules="host names have 1-255 characters a-z A-Z 0-9 . - and an optional :port",
+        chars=("a-z", "A-Z", "0-9", ".", "-", ":"),
+        ends=("a-z", "A-Z", "0-9"),
+        low=1,
+        high=255,
+    )
+
+    @classmethod
+    def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
+        return {"get_client": _ssl_client(settings.get("ca_bundle")), "simple_links": False}
+
+    @classmethod
+    def strip(cls, url: str) -> str:
+        return url
+
+    @classmethod
+    def unstrip(cls, url: str, path: str) -> str:
+        return path
+
+    @classmethod
+    def name_of(cls, rel: str) -> str:
+        """A listing's links are URLs: percent-encoded (``a%20b`` is the file ``a b``)."""
+        from urllib.parse import unquote
+
+        return unquote(rel)
+
+
+class SFTPBackend(StoreBackend):
+    """``sftp://[user@]host[:port]/path``: through sshfs (asyncssh), with the user's keys and
+    ``known_hosts`` in ``~/.ssh`` (an unknown host key is refused)."""
+
+    name, schemes, section, protocol = "sftp", ("sftp",), "sftp", "sftp"
+    atomic_put = False
+    cat_ranges = False  # sshfs's cat_file reads whole files: ranges through open and seek
+    settings_keys = frozenset()
+    env = ()
+    preload = ("fsspec", "sshfs")
+    url_rule = UrlRule(
+        what="host",
+        rules="write [user@]host[:port] with a-z A-Z 0-9 . _ - in names",
+        chars=("a-z", "A-Z", "0-9", ".", "_", "-", "@", ":"),
+        ends=("a-z", "A-Z", "0-9"),
+        low=1,
+        high=255,
+    )
+
+    @classmethod
+    def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
+        from fsspec.utils import infer_storage_options
+
+        where = infer_storage_options(url)
+        args: dict[str, Any] = {"host": where["host"]}
+        if where.get("port"):
+            args["port"] = int(where["port"])
+        if where.get("username"):
+            args["username"] = where["username"]
+        ssh = os.path.join(os.path.expanduser("~"), ".ssh")
+        args["known_hosts"] = os.path.join(ssh, "known_hosts")
+        return args
+
+    @classmethod
+    def strip(cls, url: str) -> str:
+        rest = url.split("://", 1)[1]
+        return "/" + rest.split("/", 1)[1] if "/" in rest else "/"
+
+    @classmethod
+    def unstrip(cls, url: str, path: str) -> str:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://{rest.split('/', 1)[0]}{path}"

@@ -1,0 +1,418 @@
+"""The generic mover: any source to any destination through fsspec, streamed through the
+worker (the rules it keeps: ``bbstage.movers.implementations.generic``'s docstring); and
+the one table that translates a store's errors (as s3fs's ``errors.py``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import ssl
+import stat
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from bbstage.movers import backend as _registry_backend
+from bbstage.movers import checksum, localfs
+from bbstage.movers.base import (
+    BackendOptions,
+    Cancelled,
+    FileTask,
+    Mover,
+    MoverOptions,
+    Progress,
+    TransferError,
+    os_error,
+)
+
+FILE_MODE, DIR_MODE = 0o644, 0o755  # of what a store's files become on a local disk
+RANGE, RANGES = 16 << 20, 4  # a big download: ranged reads of this size, this many at once
+
+# One table of error translation: (exception type, what the user reads, permanent).
+_ERRORS: tuple[tuple[type[BaseException], str, bool], ...] = (
+    (FileNotFoundError, "no such file or directory", True),
+    (PermissionError, "permission denied", True),
+    (IsADirectoryError, "is a directory", True),
+    (NotADirectoryError, "not a directory", True),
+    (FileExistsError, "already exists", True),
+)
+
+
+def translate(exc: BaseException, url: str) -> TransferError:
+    """A store's exception as a ``TransferError`` naming ``url``: the table's kinds are
+    permanent, anything else (connections, timeouts, 5xx) is transient (retried)."""
+    if isinstance(exc, TransferError):
+        return exc
+    cause = exc.__cause__
+    aiohttp_cause = type(cause).__module__.split(".")[0] == "aiohttp"
+    if isinstance(exc, FileNotFoundError) and aiohttp_cause and getattr(cause, "status", 0) != 404:
+        return translate(cause, url)  # fsspec's HTTP says "not found" for any failure
+    if isinstance(exc, ssl.SSLCertVerificationError) or hasattr(exc, "certificate_error"):
+        return TransferError(
+            f"TLS certificate of {url} not trusted ({exc}): the server's CA must be the"
+            " system's or the site's [https] ca_bundle",
+            permanent=True,
+        )
+    for kind, words, permanent in _ERRORS:
+        if isinstance(exc, kind):
+            return TransferError(f"{words}: {url}", permanent=permanent)
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+    if status in (401, 403):
+        return TransferError(f"permission denied: {url} ({text})", permanent=True)
+    if status == 404:
+        return TransferError(f"no such file or directory: {url}", permanent=True)
+    return TransferError(f"{type(exc).__name__}: {text}: {url}", permanent=False)
+
+
+def _mtime_ns(info: dict[str, Any]) -> int | None:
+    """A store entry's modification time (the keys differ by store)."""
+    for key in ("mtime", "last_modified", "updated", "LastModified", "modified", "timeCreated"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, dt.datetime):
+            stamp = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+            return int(stamp.timestamp() * 1e9)
+        if isinstance(value, int | float):
+            return int(value * 1e9)
+        if isinstance(value, str):
+            try:
+                parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            return int(
+                (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp() * 1e9
+            )
+    return None
+
+
+class _Side:
+    """One side of a transfer: its backend, and its filesystem (made at first use, in the
+    worker, as the user; per URL authority for stores whose host is in the URL)."""
+
+    def __init__(self, kind: str, options: BackendOptions | None) -> None:
+        self.backend = _registry_backend(kind)
+        self.options = options
+        self.local = self.backend.local
+        self._fs: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def fs(self, url: str) -> Any:
+        authority = url.split("://", 1)[1].split("/", 1)[0] if "://" in url else ""
+        with self._lock:
+            if authority not in self._fs:
+                try:
+                    self._fs[authority] = self.backend.filesystem(self.options, url)
+                except TransferError:
+                    raise
+                except Exception as exc:
+                    raise translate(exc, url) from None
+            return self._fs[authority]
+
+    def path(self, url: str) -> str:
+        return url if self.local else self.backend.strip(url)
+
+    def info(self, url: str) -> dict[str, Any] | None:
+        """The entry at ``url``, or None if there is none."""
+        if self.local:
+            try:
+                st = os.stat(url)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise os_error(exc, url) from None
+            kind = "directory" if stat.S_ISDIR(st.st_mode) else "file"
+            return {"type": kind, "size": st.st_size, "mtime": st.st_mtime_ns / 1e9}
+        try:
+            return dict(self.fs(url).info(self.path(url)))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            raise translate(exc, url) from None
+
+
+class GenericMover(Mover):
+    """Any source to any destination through fsspec (see the module's docstring)."""
+
+    def __init__(self, options: MoverOptions) -> None:
+        super().__init__(options)
+        checksum.check(options.checksum)
+        self.src = _Side(options.source_kind, options.source)
+        self.dst = _Side(options.destination_kind, options.destination)
+
+    # -- plan -----------------------------------------------------------------------------
+
+    def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> Iterator[FileTask]:
+        if self.src.local:
+            return self._plan_local(src, dst, tree=tree, glob=glob)
+        return iter(self._plan_store(src, dst, tree=tree, glob=glob))
+
+    def _plan_local(self, src: str, dst: str, *, tree: bool, glob: bool) -> Iterator[FileTask]:
+        for task in localfs.plan_local(src, dst, tree=tree, glob=glob):
+            if task.kind == "link":  # a store has no links: the file it names
+                try:
+                    st = os.stat(task.src)
+                except OSError as exc:
+                    raise os_error(exc, task.src) from None
+                if not stat.S_ISREG(st.st_mode):
+                    yield FileTask(task.src, task.dst, "special")
+                    continue
+                task = FileTask(
+                    task.src, task.dst, "file", st.st_size, None, st.st_mtime_ns, follow=True
+                )
+            yield task
+
+    def _plan_store(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
+        fs, root, backend = self.src.fs(src), self.src.path(src), self.src.backend
+        try:
+            if glob:
+                found = fs.glob(root, detail=True)
+                tasks = [
+                    self._task(
+                        backend.unstrip(src, p), dst.rstrip("/") + "/" + p.rsplit("/", 1)[-1], i
+                    )
+                    for p, i in sorted(found.items())
+                    if i.get("type") != "directory"
+                ]
+                if not tasks:
+                    raise TransferError(f"no such file or directory: nothing matches {src}")
+                return tasks
+            if not tree:
+                info = fs.info(root)
+                if info.get("type") == "directory":
+                    raise TransferError(
+                        f"is a directory: {src} (end both locations with / for a tree)"
+                    )
+                return [self._task(src, dst, info)]
+            found = fs.find(root.rstrip("/"), withdirs=True, detail=True)
+        except TransferError:
+            raise
+        except Exception as exc:
+            raise translate(exc, src) from None
+        if not found and not fs.isdir(root.rstrip("/")):
+            raise TransferError(f"no such file or directory: {src}")
+        top = root.rstrip("/") + "/"
+        tasks = [FileTask(src, dst, "dir", mode=DIR_MODE)] if self.dst.local else []
+        for path, info in sorted(found.items()):
+            rel = path[len(top) :] if path.startswith(top) else ""
+            if not rel:
+                continue
+            target = dst.rstrip("/") + "/" + backend.name_of(rel)
+            if info.get("type") != "directory" and info.get("size") is None:
+                info = self._call(lambda p=path: fs.info(p), src)  # a listing without sizes
+            if info.get("type") == "directory":
+                if self.dst.local:
+                    tasks.append(FileTask(src + rel, target, "dir", mode=DIR_MODE))
+                continue
+            tasks.append(self._task(src.rstrip("/") + "/" + rel, target, info))
+        return tasks
+
+    def _task(self, src: str, dst: str, info: dict[str, Any]) -> FileTask:
+        size = int(info.get("size") or 0)
+        return FileTask(src, dst, "file", size, FILE_MODE, _mtime_ns(info))
+
+    # -- current, newer -------------------------------------------------------------------
+
+    def current(self, task: FileTask) -> bool | None:
+        if self.dst.local:
+            return localfs.current(task)
+        info = self.dst.info(task.dst)
+        if info is None:
+            return None
+        if task.kind != "file" or info.get("type") == "directory":
+            return False
+        mtime = _mtime_ns(info)
+        return int(info.get("size") or 0) == task.size and (mtime or 0) >= (task.mtime_ns or 0)
+
+    def newer(self, task: FileTask) -> bool:
+        if self.dst.local:
+            return super().newer(task)
+        info = self.dst.info(task.dst)
+        return info is not None and (_mtime_ns(info) or 0) >= (task.mtime_ns or 0)
+
+    # -- copy -----------------------------------------------------------------------------
+
+    def copy(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
+        if cancel.is_set():
+            raise Cancelled()
+        if task.kind == "dir":
+            if self.dst.local:
+                return localfs.make_dir(task)
+            if not self.dst.backend.atomic_put:  # a real directory tree (SFTP)
+                self._call(
+                    lambda: self.dst.fs(task.dst).makedirs(self.dst.path(task.dst), exist_ok=True),
+                    task.dst,
+                )
+            return None
+        if task.kind != "file":
+            raise TransferError(f"{task.src}: a {task.kind} cannot be copied to {task.dst}")
+        digest = checksum.new(self.options.checksum) if self.options.checksum != "none" else None
+        if self.dst.local and not self.src.local and digest is None and task.size > 2 * RANGE:
+            return self._get_ranges(task, progress, cancel)
+        with self._reader(task) as source:
+            if self.dst.local:
+                with localfs.atomic_file(task, self.options.job_id, progress) as fd:
+                    self._pump(task, source, lambda b: _write_all(fd, b), progress, cancel, digest)
+                    if (
+                        digest is not None
+                        and checksum.digest_fd(self.options.checksum, fd) != digest.hexdigest()
+                    ):
+                        raise TransferError(
+                            f"checksum mismatch ({self.options.checksum}): {task.src}",
+                            permanent=False,
+                        )
+                return None
+            self._put(task, source, progress, cancel, digest)
+        return None
+
+    def _get_ranges(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
+        """A big file from a store into a local file: ``RANGES`` ranged reads of ``RANGE``
+        bytes at once, each written where it belongs (``pwrite``) in the temporary file; one
+        stream per file is what the stores' clients do badly (a third of rclone's rate)."""
+        fs, path = self.src.fs(task.src), self.src.path(task.src)
+        starts = list(range(0, task.size, RANGE))
+
+        def read(start: int, end: int) -> bytes:
+            if getattr(self.src.backend, "cat_ranges", True):
+                return bytes(fs.cat_file(path, start, end))
+            with fs.open(path, "rb") as f:  # its own handle: ranges are read at once
+                f.seek(start)
+                return bytes(f.read(end - start))
+
+        with localfs.atomic_file(task, self.options.job_id, progress) as fd:
+
+            def fetch(start: int) -> int:
+                if cancel.is_set():
+                    raise Cancelled()
+                end = min(start + RANGE, task.size)
+                block = self._call(lambda: read(start, end), task.src)
+                if len(block) != end - start:
+                    raise TransferError(
+                        f"short read: {len(block)} of {end - start} bytes at {start} of {task.src}",
+                        permanent=False,
+                    )
+                view = memoryview(block)
+                offset = start
+                while view:
+                    written = os.pwrite(fd, view, offset)
+                    view, offset = view[written:], offset + written
+                progress.add(end - start)
+                return end - start
+
+            done = 0
+            with ThreadPoolExecutor(RANGES, thread_name_prefix="range") as pool:
+                try:
+                    for n in pool.map(fetch, starts):
+                        done += n
+                except BaseException:
+                    progress.add(-done)
+                    cancel_pending(pool)
+                    raise
+
+    def _reader(self, task: FileTask) -> Any:
+        if self.src.local:
+            return os.fdopen(localfs.open_source(task.src, follow=task.follow), "rb", buffering=0)
+        return self._call(
+            lambda: self.src.fs(task.src).open(
+                self.src.path(task.src), "rb", block_size=self.options.chunk_size
+            ),
+            task.src,
+        )
+
+    def _pump(
+        self,
+        task: FileTask,
+        source: Any,
+        write: Any,
+        progress: Progress,
+        cancel: threading.Event,
+        digest: Any,
+    ) -> None:
+        """Read ``source`` to its end, ``chunk_size`` bytes at a time, into ``write``."""
+        step = max(1 << 20, min(self.options.chunk_size, 16 << 20))
+        seen = 0
+        while True:
+            if cancel.is_set():
+                raise Cancelled()
+            block = self._call(lambda: source.read(step), task.src)
+            if not block:
+                break
+            if digest is not None:
+                digest.update(block)
+            self._call(lambda b=block: write(b), task.dst)
+            seen += len(block)
+            progress.add(len(block))
+        if seen != task.size:
+            progress.add(-seen)
+            raise TransferError(
+                f"size mismatch: read {seen} bytes of {task.src}, planned {task.size}",
+                permanent=False,
+            )
+
+    def _put(
+        self, task: FileTask, source: Any, progress: Progress, cancel: threading.Event, digest: Any
+    ) -> None:
+        fs, final = self.dst.fs(task.dst), self.dst.path(task.dst)
+        atomic = self.dst.backend.atomic_put
+        target = final if atomic else localfs.temp_name(final, self.options.job_id)
+        if not atomic:
+            self._call(lambda: fs.makedirs(os.path.dirname(final), exist_ok=True), task.dst)
+        out = self._call(lambda: fs.open(target, "wb"), task.dst)
+        try:
+            self._pump(task, source, out.write, progress, cancel, digest)
+            self._call(out.close, task.dst)
+        except BaseException:
+            _discard(out)
+            if not atomic:
+                _quietly(lambda: fs.rm_file(target))
+            raise
+        try:
+            if digest is not None:
+                again = checksum.new(self.options.checksum)
+                with self._call(lambda: fs.open(target, "rb"), task.dst) as check:
+                    while block := check.read(8 << 20):
+                        again.update(block)
+                if again.hexdigest() != digest.hexdigest():
+                    _quietly(lambda: fs.rm_file(target))
+                    raise TransferError(
+                        f"checksum mismatch ({self.options.checksum}): {task.src}", permanent=False
+                    )
+            if not atomic:
+                self._call(lambda: fs.mv(target, final), task.dst)
+        except BaseException:
+            if not atomic:
+                _quietly(lambda: fs.rm_file(target))
+            raise
+
+    def _call(self, fn: Any, url: str) -> Any:
+        try:
+            return fn()
+        except (TransferError, Cancelled):
+            raise
+        except Exception as exc:
+            raise translate(exc, url) from None
+
+
+def _write_all(fd: int, block: bytes) -> None:
+    view = memoryview(block)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _discard(out: Any) -> None:
+    """Drop an unfinished upload (no partial object is committed)."""
+    discard = getattr(out, "discard", None)
+    _quietly(discard if discard is not None else out.close)
+
+
+def _quietly(fn: Any) -> None:
+    try:
+        fn()
+    except Exception:
+        pass
+
+
+def cancel_pending(pool: ThreadPoolExecutor) -> None:
+    pool.shutdown(wait=True, cancel_futures=True)
