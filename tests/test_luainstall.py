@@ -25,9 +25,14 @@ PLUGIN_54 = b"\0liblua.so\0liblua-5.4.so\0liblua5.4.so\0liblua5.4.so.0\0liblua.s
 BAD_VERB = "line 3: unknown verb"
 
 
-def install(tmp: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
+def install(
+    tmp: Path, *args: str, path: str | None = None, backends: str = ""
+) -> subprocess.CompletedProcess[str]:
     config = tmp / "bbstage.toml"
-    config.write_text(f'[daemon]\nsocket = "{tmp}/control.sock"\nstate_dir = "{tmp}/state"\n')
+    enabled = f"[backends]\nenabled = {backends}\n" if backends else ""
+    config.write_text(
+        f'[daemon]\nsocket = "{tmp}/control.sock"\nstate_dir = "{tmp}/state"\n{enabled}'
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if path is not None:
         env["PATH"] = path
@@ -192,3 +197,23 @@ def test_an_array_tasks_script_is_found_by_an_integer_array_id(lua: str, tmp_pat
     )  # fmt: skip
     # the script was read; the request then finds no daemon (none runs here)
     assert res.stdout.startswith("-1 staging daemon not reachable"), res
+
+
+@pytest.mark.parametrize("lua", ["lua5.1", "lua5.4"])
+def test_the_installed_hooks_take_the_enabled_backends_schemes(lua: str, tmp_path: Path) -> None:
+    """The parser bundled into main.luac reads the site's schemes as the source module does:
+    a gs:// source is accepted at sbatch where [backends] enables gs, refused where not."""
+    plugin = tmp_path / "burst_buffer_lua.so"
+    plugin.write_bytes(PLUGIN_54.replace(b"5.4", version(lua).encode()))
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/sh\n#BB_LUA stage_in source=gs://my-bucket/k destination=/b\ntrue\n")
+    call = REPO / "tests" / "lua" / "call_hook.lua"
+    for enabled, expected in (('["gs"]', "rc=0\n"), ("[]", "rc=-1\n")):
+        out = install(tmp_path, "--slurm-plugin", str(plugin), backends=enabled)
+        assert out.returncode == 0, out.stderr
+        res = subprocess.run(
+            [interpreter(lua), str(call), str(tmp_path / "etc"), "slurm_bb_job_process", str(job)],
+            capture_output=True,
+            text=True,
+        )
+        assert res.stdout.startswith(expected), (enabled, res)
