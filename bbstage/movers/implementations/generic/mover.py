@@ -28,6 +28,7 @@ from bbstage.movers.base import (
 
 FILE_MODE, DIR_MODE = 0o644, 0o755  # of what a store's files become on a local disk
 RANGE, RANGES = 16 << 20, 4  # a big download: ranged reads of this size, this many at once
+WHOLE = 4 << 20  # a file up to this size is read whole and written whole (one GET, one PUT)
 
 # One table of error translation: (exception type, what the user reads, permanent).
 _ERRORS: tuple[tuple[type[BaseException], str, bool], ...] = (
@@ -251,6 +252,8 @@ class GenericMover(Mover):
         digest = checksum.new(self.options.checksum) if self.options.checksum != "none" else None
         if self.dst.local and not self.src.local and digest is None and task.size > 2 * RANGE:
             return self._get_ranges(task, progress, cancel)
+        if task.size <= WHOLE:
+            return self._copy_whole(task, progress, cancel, digest)
         with self._reader(task) as source:
             if self.dst.local:
                 with localfs.atomic_file(task, self.options.job_id, progress) as fd:
@@ -266,6 +269,65 @@ class GenericMover(Mover):
                 return None
             self._put(task, source, progress, cancel, digest)
         return None
+
+    def _copy_whole(
+        self, task: FileTask, progress: Progress, cancel: threading.Event, digest: Any
+    ) -> None:
+        """A small file in one read and one write (a store: one GET, one PUT), not a stream:
+        a store's per-request cost is where small files' time goes."""
+        if self.src.local:
+            fd = localfs.open_source(task.src, follow=task.follow)
+            with os.fdopen(fd, "rb") as f:
+                data = f.read()
+        else:
+            data = bytes(
+                self._call(
+                    lambda: self.src.fs(task.src).cat_file(self.src.path(task.src)), task.src
+                )
+            )
+        if len(data) != task.size:
+            raise TransferError(
+                f"size mismatch: read {len(data)} bytes of {task.src}, planned {task.size}",
+                permanent=False,
+            )
+        if cancel.is_set():
+            raise Cancelled()
+        if digest is not None:
+            digest.update(data)
+        if self.dst.local:
+            with localfs.atomic_file(task, self.options.job_id, progress) as fd:
+                _write_all(fd, data)
+                if (
+                    digest is not None
+                    and checksum.digest_fd(self.options.checksum, fd) != digest.hexdigest()
+                ):
+                    raise TransferError(
+                        f"checksum mismatch ({self.options.checksum}): {task.src}", permanent=False
+                    )
+            progress.add(len(data))
+            return
+        fs, final = self.dst.fs(task.dst), self.dst.path(task.dst)
+        atomic = self.dst.backend.atomic_put
+        target = final if atomic else localfs.temp_name(final, self.options.job_id)
+        try:
+            if not atomic:
+                self._call(lambda: fs.makedirs(os.path.dirname(final), exist_ok=True), task.dst)
+            self._call(lambda: fs.pipe_file(target, data), task.dst)
+            if digest is not None:
+                again = checksum.new(self.options.checksum)
+                again.update(self._call(lambda: fs.cat_file(target), task.dst))
+                if again.hexdigest() != digest.hexdigest():
+                    _quietly(lambda: fs.rm_file(target))  # never leave bytes that differ
+                    raise TransferError(
+                        f"checksum mismatch ({self.options.checksum}): {task.src}", permanent=False
+                    )
+            if not atomic:
+                self._call(lambda: fs.mv(target, final), task.dst)
+        except BaseException:
+            if not atomic:  # our temporary name; a store's object is replaced whole or not
+                _quietly(lambda: fs.rm_file(target))
+            raise
+        progress.add(len(data))
 
     def _get_ranges(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
         """A big file from a store into a local file: ``RANGES`` ranged reads of ``RANGE``
