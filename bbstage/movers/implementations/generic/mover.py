@@ -1,19 +1,18 @@
 """The generic mover: any source to any destination through fsspec, streamed through the
-worker (the rules it keeps: ``bbstage.movers.implementations.generic``'s docstring); and
-the one table that translates a store's errors (as s3fs's ``errors.py``)."""
+worker (the rules it keeps: ``bbstage.movers.implementations.generic``'s docstring); a
+store's errors are translated by ``errors.translate``."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
-import ssl
 import stat
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bbstage.movers import backend as _registry_backend
+from bbstage.movers import backend as backend_of
 from bbstage.movers import checksum, localfs
 from bbstage.movers.base import (
     BackendOptions,
@@ -25,46 +24,11 @@ from bbstage.movers.base import (
     TransferError,
     os_error,
 )
+from bbstage.movers.implementations.generic.errors import translate
 
 FILE_MODE, DIR_MODE = 0o644, 0o755  # of what a store's files become on a local disk
 RANGE, RANGES = 16 << 20, 4  # a big download: ranged reads of this size, this many at once
 WHOLE = 4 << 20  # a file up to this size is read whole and written whole (one GET, one PUT)
-
-# One table of error translation: (exception type, what the user reads, permanent).
-_ERRORS: tuple[tuple[type[BaseException], str, bool], ...] = (
-    (FileNotFoundError, "no such file or directory", True),
-    (PermissionError, "permission denied", True),
-    (IsADirectoryError, "is a directory", True),
-    (NotADirectoryError, "not a directory", True),
-    (FileExistsError, "already exists", True),
-)
-
-
-def translate(exc: BaseException, url: str) -> TransferError:
-    """A store's exception as a ``TransferError`` naming ``url``: the table's kinds are
-    permanent, anything else (connections, timeouts, 5xx) is transient (retried)."""
-    if isinstance(exc, TransferError):
-        return exc
-    cause = exc.__cause__
-    aiohttp_cause = type(cause).__module__.split(".")[0] == "aiohttp"
-    if isinstance(exc, FileNotFoundError) and aiohttp_cause and getattr(cause, "status", 0) != 404:
-        return translate(cause, url)  # fsspec's HTTP says "not found" for any failure
-    if isinstance(exc, ssl.SSLCertVerificationError) or hasattr(exc, "certificate_error"):
-        return TransferError(
-            f"TLS certificate of {url} not trusted ({exc}): the server's CA must be the"
-            " system's or the site's [https] ca_bundle",
-            permanent=True,
-        )
-    for kind, words, permanent in _ERRORS:
-        if isinstance(exc, kind):
-            return TransferError(f"{words}: {url}", permanent=permanent)
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
-    if status in (401, 403):
-        return TransferError(f"permission denied: {url} ({text})", permanent=True)
-    if status == 404:
-        return TransferError(f"no such file or directory: {url}", permanent=True)
-    return TransferError(f"{type(exc).__name__}: {text}: {url}", permanent=False)
 
 
 def _mtime_ns(info: dict[str, Any]) -> int | None:
@@ -94,7 +58,7 @@ class _Side:
     worker, as the user; per URL authority for stores whose host is in the URL)."""
 
     def __init__(self, kind: str, options: BackendOptions | None) -> None:
-        self.backend = _registry_backend(kind)
+        self.backend = backend_of(kind)
         self.options = options
         self.local = self.backend.local
         self._fs: dict[str, Any] = {}
