@@ -2,7 +2,7 @@
 
 A location's kind is its URL scheme (``s3``, ``gs``, ...) or ``posix`` for a path
 (``scratch``, a path in ``$BB_SCRATCH``, is ``posix`` here). Each kind is served by one
-``Backend`` class (``bbstage.movers.backend``), named in ``known_implementations`` by a
+``Backend`` class (``bbstage.movers.backends``), named in ``known_implementations`` by a
 lazy ``"module:Class"`` string with an install hint, imported on first use; tests and
 plugins add their own with ``register_implementation``. ``posix`` and ``s3`` are always
 enabled; the others when the daemon config enables them (``[backends] enabled``, read by
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from importlib import import_module
 from typing import Any
 
-from bbstage.movers.backend import Backend, UrlRule
+from bbstage.movers.backends import Backend, UrlRule
 from bbstage.movers.base import (
     BackendOptions,
     Cancelled,

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from bbstage.movers import localfs
-from bbstage.movers.backend import Backend
+from bbstage.movers.backends import Backend
 from bbstage.movers.base import (
     BackendOptions,
     Cancelled,

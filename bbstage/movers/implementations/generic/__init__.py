@@ -35,7 +35,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from bbstage.movers.backend import Backend, UrlRule
+from bbstage.movers.backends import Backend, UrlRule
 from bbstage.movers.base import BackendOptions, TransferError
 
 

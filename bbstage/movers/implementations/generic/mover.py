@@ -1,19 +1,18 @@
 """The generic mover: any source to any destination through fsspec, streamed through the
-worker (the rules it keeps: ``bbstage.movers.implementations.generic``'s docstring); and
-the one table that translates a store's errors (as s3fs's ``errors.py``)."""
+worker (the rules it keeps: ``bbstage.movers.implementations.generic``'s docstring); a
+store's errors are translated by ``errors.translate``."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
-import ssl
 import stat
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bbstage.movers import backend as _registry_backend
+from bbstage.movers import backend as backend_of
 from bbstage.movers import checksum, localfs
 from bbstage.movers.base import (
     BackendOptions,
@@ -25,45 +24,11 @@ from bbstage.movers.base import (
     TransferError,
     os_error,
 )
+from bbstage.movers.implementations.generic.errors import translate
 
 FILE_MODE, DIR_MODE = 0o644, 0o755  # of what a store's files become on a local disk
 RANGE, RANGES = 16 << 20, 4  # a big download: ranged reads of this size, this many at once
-
-# One table of error translation: (exception type, what the user reads, permanent).
-_ERRORS: tuple[tuple[type[BaseException], str, bool], ...] = (
-    (FileNotFoundError, "no such file or directory", True),
-    (PermissionError, "permission denied", True),
-    (IsADirectoryError, "is a directory", True),
-    (NotADirectoryError, "not a directory", True),
-    (FileExistsError, "already exists", True),
-)
-
-
-def translate(exc: BaseException, url: str) -> TransferError:
-    """A store's exception as a ``TransferError`` naming ``url``: the table's kinds are
-    permanent, anything else (connections, timeouts, 5xx) is transient (retried)."""
-    if isinstance(exc, TransferError):
-        return exc
-    cause = exc.__cause__
-    aiohttp_cause = type(cause).__module__.split(".")[0] == "aiohttp"
-    if isinstance(exc, FileNotFoundError) and aiohttp_cause and getattr(cause, "status", 0) != 404:
-        return translate(cause, url)  # fsspec's HTTP says "not found" for any failure
-    if isinstance(exc, ssl.SSLCertVerificationError) or hasattr(exc, "certificate_error"):
-        return TransferError(
-            f"TLS certificate of {url} not trusted ({exc}): the server's CA must be the"
-            " system's or the site's [https] ca_bundle",
-            permanent=True,
-        )
-    for kind, words, permanent in _ERRORS:
-        if isinstance(exc, kind):
-            return TransferError(f"{words}: {url}", permanent=permanent)
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
-    if status in (401, 403):
-        return TransferError(f"permission denied: {url} ({text})", permanent=True)
-    if status == 404:
-        return TransferError(f"no such file or directory: {url}", permanent=True)
-    return TransferError(f"{type(exc).__name__}: {text}: {url}", permanent=False)
+WHOLE = 4 << 20  # a file up to this size is read whole and written whole (one GET, one PUT)
 
 
 def _mtime_ns(info: dict[str, Any]) -> int | None:
@@ -93,7 +58,7 @@ class _Side:
     worker, as the user; per URL authority for stores whose host is in the URL)."""
 
     def __init__(self, kind: str, options: BackendOptions | None) -> None:
-        self.backend = _registry_backend(kind)
+        self.backend = backend_of(kind)
         self.options = options
         self.local = self.backend.local
         self._fs: dict[str, Any] = {}
@@ -251,6 +216,8 @@ class GenericMover(Mover):
         digest = checksum.new(self.options.checksum) if self.options.checksum != "none" else None
         if self.dst.local and not self.src.local and digest is None and task.size > 2 * RANGE:
             return self._get_ranges(task, progress, cancel)
+        if task.size <= WHOLE:
+            return self._copy_whole(task, progress, cancel, digest)
         with self._reader(task) as source:
             if self.dst.local:
                 with localfs.atomic_file(task, self.options.job_id, progress) as fd:
@@ -266,6 +233,65 @@ class GenericMover(Mover):
                 return None
             self._put(task, source, progress, cancel, digest)
         return None
+
+    def _copy_whole(
+        self, task: FileTask, progress: Progress, cancel: threading.Event, digest: Any
+    ) -> None:
+        """A small file in one read and one write (a store: one GET, one PUT), not a stream:
+        a store's per-request cost is where small files' time goes."""
+        if self.src.local:
+            fd = localfs.open_source(task.src, follow=task.follow)
+            with os.fdopen(fd, "rb") as f:
+                data = f.read()
+        else:
+            data = bytes(
+                self._call(
+                    lambda: self.src.fs(task.src).cat_file(self.src.path(task.src)), task.src
+                )
+            )
+        if len(data) != task.size:
+            raise TransferError(
+                f"size mismatch: read {len(data)} bytes of {task.src}, planned {task.size}",
+                permanent=False,
+            )
+        if cancel.is_set():
+            raise Cancelled()
+        if digest is not None:
+            digest.update(data)
+        if self.dst.local:
+            with localfs.atomic_file(task, self.options.job_id, progress) as fd:
+                _write_all(fd, data)
+                if (
+                    digest is not None
+                    and checksum.digest_fd(self.options.checksum, fd) != digest.hexdigest()
+                ):
+                    raise TransferError(
+                        f"checksum mismatch ({self.options.checksum}): {task.src}", permanent=False
+                    )
+            progress.add(len(data))
+            return
+        fs, final = self.dst.fs(task.dst), self.dst.path(task.dst)
+        atomic = self.dst.backend.atomic_put
+        target = final if atomic else localfs.temp_name(final, self.options.job_id)
+        try:
+            if not atomic:
+                self._call(lambda: fs.makedirs(os.path.dirname(final), exist_ok=True), task.dst)
+            self._call(lambda: fs.pipe_file(target, data), task.dst)
+            if digest is not None:
+                again = checksum.new(self.options.checksum)
+                again.update(self._call(lambda: fs.cat_file(target), task.dst))
+                if again.hexdigest() != digest.hexdigest():
+                    _quietly(lambda: fs.rm_file(target))  # never leave bytes that differ
+                    raise TransferError(
+                        f"checksum mismatch ({self.options.checksum}): {task.src}", permanent=False
+                    )
+            if not atomic:
+                self._call(lambda: fs.mv(target, final), task.dst)
+        except BaseException:
+            if not atomic:  # our temporary name; a store's object is replaced whole or not
+                _quietly(lambda: fs.rm_file(target))
+            raise
+        progress.add(len(data))
 
     def _get_ranges(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
         """A big file from a store into a local file: ``RANGES`` ranged reads of ``RANGE``

@@ -31,7 +31,7 @@ one file's shares across nodes), ``fast`` (small objects via obstore), ``direct`
 
 from typing import Any, ClassVar
 
-from bbstage.movers.backend import Backend, UrlRule
+from bbstage.movers.backends import Backend, UrlRule
 from bbstage.movers.base import BackendOptions, MoverOptions
 from bbstage.movers.implementations.s3.common import MTIME_KEY, checksum_key
 from bbstage.movers.implementations.s3.download import S3Download
