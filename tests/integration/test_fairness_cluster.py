@@ -26,17 +26,19 @@ def test_a_stopped_users_copies_do_not_hold_another_users_small_job(
     cluster: Cluster, workdir: Path
 ) -> None:
     """bbuser1's job stages six big files; once its copies run they are SIGSTOPped (they
-    hold every slot and never end). bbuser2's job staging 1 MiB must be COMPLETED within
-    30 s, its file byte for byte, long before the watchdog (stall_timeout, 300 s) fires.
+    hold every slot and never end). bbuser2's job staging 1 MiB must be staged within 30 s,
+    its file byte for byte, long before the watchdog (stall_timeout, 300 s) fires, and
+    COMPLETED once Slurm runs it.
 
     Both jobs have a time limit (``#SBATCH --time``). Without one (UNLIMITED), Slurm kept
     this one-node cluster's node for the older, higher-priority heavy job waiting in
     stage-in: bbuser2's job had its stage-in done at once (BurstBufferState staged-in) but
     stayed PENDING until the heavy job was cancelled (seen on 22.05). That is Slurm's
     scheduling, not bbstage's; with ``--time=10`` and ``--time=1`` Slurm starts the light
-    job beside the pending heavy one (COMPLETED 3.4 s after sbatch on 22.05). If Slurm does
-    not start it, the timeout's message shows the job's BurstBufferState: staged-in means
-    bbstage did its part."""
+    job beside the pending heavy one (COMPLETED 3.4 s after sbatch on 22.05) — in one run; in
+    another (CI, 22.05) backfill planned it after the heavy job's 10 minutes. So the test
+    checks the stage-in (bbstage's part) within 30 s, then cancels the heavy job and
+    expects the light one COMPLETED."""
     big = workdir / "big"
     with open(big, "wb") as f:
         f.truncate(8 << 30)  # sparse: its copy takes seconds, its source no disk
@@ -71,12 +73,25 @@ def test_a_stopped_users_copies_do_not_hold_another_users_small_job(
         )
         asked = time.monotonic()
         light = cluster.submit(light_dir, body, user=OTHER)
-        info = cluster.wait_state(light, "COMPLETED", "FAILED", "CANCELLED", timeout=30)
+        # What bbstage owns: the light job's stage-in done within seconds, byte for byte.
+        # Whether Slurm then starts it beside the pending heavy job is its scheduler's
+        # call (backfill did in one run, planned it after the heavy job in another).
+        info = cluster.wait(
+            light,
+            lambda j: (
+                j.get("JobState") == "COMPLETED"
+                or j.get("BurstBufferState") in ("staged-in", "running", "post-run")
+            ),
+            timeout=30,
+        )
         took = time.monotonic() - asked
-        assert info["JobState"] == "COMPLETED", info
+        assert info.get("JobState") in ("PENDING", "RUNNING", "COMPLETED"), info
         assert file_digest(light_dir / "out") == file_digest(light_dir / "in")
-        assert took < 30, f"bbuser2's job took {took:.0f} s behind bbuser1's stopped copies"
+        assert took < 30, f"bbuser2's stage-in took {took:.0f} s behind bbuser1's stopped copies"
         assert cluster.job(heavy).get("JobState") == "PENDING"  # still held by its stage-in
+        cluster.run("scancel", heavy, check=False)
+        info = cluster.wait_state(light, "COMPLETED", "FAILED", "CANCELLED", timeout=120)
+        assert info["JobState"] == "COMPLETED", info
     finally:
         cluster.run("scancel", heavy, check=False)
         for pid in stopped:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from bbstage.movers.implementations import s3 as s3m
+from bbstage.movers.implementations.s3.settings import s3_options
 
 SECRET = "wJalrXUtnFEMIOTHERUSERSSECRETKEY"
 
@@ -31,9 +31,9 @@ def test_a_malformed_credentials_file_reaches_the_job_as_a_generic_message(
     os.chmod(creds, 0o600)
     conf = {"accounts": {"daemon": {"profile": "u1", "credentials_file": str(creds)}}}
     with capture_logs() as logs:
-        extra = s3m.spec_extra(conf, 1, None)  # uid 1: daemon
-    error = extra["credentials_error"]
-    assert SECRET not in error and "credentials" not in extra
+        options = s3_options(conf, 1, None)  # uid 1: daemon
+    error = options.credentials_error
+    assert error is not None and SECRET not in error and options.credentials is None
     assert error == (
         "the site's mapped-credentials file is malformed: ask your administrator"
         " (the daemon's log says where)"

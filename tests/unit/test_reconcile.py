@@ -389,6 +389,7 @@ def fake_slurm(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, listing: str, release_exit: int = 0
 ) -> Any:
     """squeue printing ``listing`` and scontrol, both logging their argv; the log's path."""
+    monkeypatch.delenv("SLURM_CONF", raising=False)  # scripts/test exports the cluster's
     calls, out = tmp_path / "calls", tmp_path / "listing"
     out.write_bytes(listing.encode())
     for tool in ("squeue", "scontrol"):

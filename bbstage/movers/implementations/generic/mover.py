@@ -428,9 +428,19 @@ def _write_all(fd: int, block: bytes) -> None:
 
 
 def _discard(out: Any) -> None:
-    """Drop an unfinished upload (no partial object is committed)."""
+    """Drop an unfinished upload (no partial object is committed). fsspec's ``discard``
+    drops the buffer but leaves the file open, and its ``__del__`` closes, which commits
+    the blocks already sent (seen with adlfs: a cancelled upload became a partial blob
+    when the file object was collected): so it is marked closed too."""
     discard = getattr(out, "discard", None)
-    _quietly(discard if discard is not None else out.close)
+    if discard is None:
+        _quietly(out.close)
+        return
+    _quietly(discard)
+    try:
+        out.closed = True
+    except AttributeError:
+        pass
 
 
 def _quietly(fn: Any) -> None:
