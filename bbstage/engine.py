@@ -630,6 +630,10 @@ class Engine:
         mine = [d for d in job.directives if _of_phase(d, verb)]
         failed = [d for d in mine if _failed(d)]
         if failed:
+            # The first failing line of the script, not whichever failed first: a line above
+            # it still running may fail too (the hold's reason is given once).
+            if any(d.state in (PENDING, RUNNING) for d in mine if d.idx < failed[0].idx):
+                return Reply.busy()
             return Reply.error(_describe(failed[0]))
         if all(d.state == DONE or d.state == CANCELLED for d in mine):
             return Reply.ok()

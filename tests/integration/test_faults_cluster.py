@@ -135,9 +135,13 @@ def test_a_lost_state_after_a_killed_worker_leaves_no_temporary_file(
     """I3, the double fault the campaign found: a worker SIGKILLed, then the daemon, and its
     database lost before the worker's temporary file was removed. The job is unknown after
     the restart; its next hook (22.05: data_in, 24.11: test_data_in) removes the file."""
-    src = make_tree(workdir / "src", 24, 8 << 20, digits=3)  # named .part temporary files
+    src = make_tree(workdir / "src", 24, 32 << 20, digits=3)  # named .part temporary files
     dst = workdir / "dst"
     as_user(workdir)
+    # From the disk, not the page cache: in CI's run 24 x 8 MiB in the page cache were
+    # staged in 60 ms, before the test saw any temporary file.
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
     job = cluster.submit(
         workdir, f"#!/bin/bash\n#BB_LUA stage_in source={src}/ destination={dst}/\ntrue\n"
     )
