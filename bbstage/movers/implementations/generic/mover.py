@@ -428,19 +428,11 @@ def _write_all(fd: int, block: bytes) -> None:
 
 
 def _discard(out: Any) -> None:
-    """Drop an unfinished upload (no partial object is committed). fsspec's ``discard``
-    drops the buffer but leaves the file open, and its ``__del__`` closes, which commits
-    the blocks already sent (seen with adlfs: a cancelled upload became a partial blob
-    when the file object was collected): so it is marked closed too."""
-    discard = getattr(out, "discard", None)
-    if discard is None:
-        _quietly(out.close)
-        return
-    _quietly(discard)
-    try:
+    """Drop an unfinished upload. fsspec's ``discard`` leaves the file open, and ``__del__``
+    would close it, committing the blocks sent (adlfs: a partial blob): so marked closed."""
+    _quietly(getattr(out, "discard", out.close))
+    if hasattr(out, "discard"):
         out.closed = True
-    except AttributeError:
-        pass
 
 
 def _quietly(fn: Any) -> None:
