@@ -351,6 +351,18 @@ def _late(text: str, first: int, pos: int) -> list[dict[str, Any]]:
     return out
 
 
+def _put_verbatim(kv: dict[str, str], key: str, value: str, was_quoted: bool) -> None:
+    """``key=value`` of a line Slurm also reads (pool=, capacity=; #DW jobdw): once, unquoted
+    (Slurm reads those values verbatim), not empty."""
+    if key in kv:
+        raise _Fail("duplicate-key", key)
+    if was_quoted:
+        raise _Fail("bad-quote/pool", key)
+    if value == "":
+        raise _Fail("empty-value", key)
+    kv[key] = value
+
+
 def _tokenize(s: str) -> tuple[list[str | None], list[str], list[bool]]:
     """Split directive content into keys (None for a bare word), values and quoted flags."""
     keys: list[str | None] = []
@@ -604,13 +616,7 @@ def _jobdw(st: _State, n: int, keys: list[str | None], vals: list[str], quoted: 
             raise _Fail(
                 "unknown-key/dw", key, "jobdw", "capacity=, pool=, type=, access_mode=, name="
             )
-        if key in kv:
-            raise _Fail("duplicate-key", key)
-        if was_quoted:
-            raise _Fail("bad-quote/pool", key)
-        if value == "":
-            raise _Fail("empty-value", key)
-        kv[key] = value
+        _put_verbatim(kv, key, value, was_quoted)
     kind = kv.get("type", "scratch")
     if kind in ("cache", "raw"):
         raise _Fail("dw-unsupported/" + kind)
@@ -650,13 +656,7 @@ def _pool_line(
             raise _Fail("bad-token", value)
         if key not in ("pool", "capacity"):
             raise _Fail("unknown-key/verbless", key)
-        if key in kv:
-            raise _Fail("duplicate-key", key)
-        if was_quoted:
-            raise _Fail("bad-quote/pool", key)
-        if value == "":
-            raise _Fail("empty-value", key)
-        kv[key] = value
+        _put_verbatim(kv, key, value, was_quoted)
     pool, cap, size = kv.get("pool"), kv.get("capacity"), None
     if pool is None:
         raise _Fail("capacity-without-pool")
