@@ -72,13 +72,7 @@ def call(where: Path | Target, op: str, timeout: float = 10.0, **fields: Any) ->
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             sock.connect(address)
-            sock.sendall(line + b"\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = exchange(sock, line)
     except OSError as exc:
         reason = exc.strerror or exc
         raise Unreachable(f"staging daemon not reachable at {where}: {reason}") from None
@@ -89,3 +83,15 @@ def call(where: Path | Target, op: str, timeout: float = 10.0, **fields: Any) ->
     if reply.get("status") != "ok":
         raise DaemonError(reply.get("message", "unknown error"))
     return reply["result"]
+
+
+def exchange(sock: socket.socket, line: bytes) -> bytes:
+    """Send one request line on a connected socket; the reply line (what came before EOF)."""
+    sock.sendall(line + b"\n")
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import munge, protocol
+from bbstage import client, munge, protocol
 
 from .helpers import file_digest, free_port
 from .hookharness import REPO, Daemon, area, script, start_daemon, user_ids, user_tree
@@ -48,14 +48,7 @@ def api(area: Path, munged: Munged) -> Iterator[tuple[Daemon, int]]:
 def send(port: int, line: bytes) -> dict:
     """One API exchange: ``line`` (a credential) and a newline; the reply."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(line + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    return json.loads(data)
+        return json.loads(client.exchange(sock, line))
 
 
 def cli(
