@@ -40,6 +40,10 @@ class BackendSuite:
     odd = ODD  # an adopter whose server cannot take a character names its own, and why
     resumes = True  # False: the store tells no modification time, a file is copied again
 
+    def data(self, n: int, seed: int = 0) -> bytes:
+        """A body for a case; an adopter whose server mangles some bytes says which, and why."""
+        return data(n, seed)
+
     def run(self, store: Store, src: str, dst: str, **fields: Any) -> list[Any]:
         """One transfer as a worker runs it; its events."""
         spec = self.spec(store, src, dst, **fields)
@@ -73,7 +77,7 @@ class BackendSuite:
     # -- files --------------------------------------------------------------------------
 
     def test_file_in(self, store: Store, tmp_path: Path) -> None:
-        body = data(100_000)
+        body = self.data(100_000)
         store.put("in/one.dat", body)
         done = self.done(self.run(store, store.url("in/one.dat"), str(tmp_path / "one.dat")))
         assert (tmp_path / "one.dat").read_bytes() == body
@@ -81,7 +85,7 @@ class BackendSuite:
 
     def test_file_out(self, store: Store, tmp_path: Path) -> None:
         self.writable(store)
-        body = data(100_000, 1)
+        body = self.data(100_000, 1)
         (tmp_path / "one.dat").write_bytes(body)
         self.done(self.run(store, str(tmp_path / "one.dat"), store.url("out/one.dat")))
         assert store.get("out/one.dat") == body
@@ -96,7 +100,7 @@ class BackendSuite:
             assert store.get("back/empty") == b""
 
     def test_odd_bytes_in_names(self, store: Store, tmp_path: Path) -> None:
-        body = data(5000, 2)
+        body = self.data(5000, 2)
         odd = self.odd
         store.put(f"odd/{odd}", body)
         self.done(self.run(store, store.url(f"odd/{odd}"), str(tmp_path / odd)))
@@ -106,7 +110,7 @@ class BackendSuite:
             assert store.get(f"back/{odd}") == body
 
     def test_large_file_both_ways(self, store: Store, tmp_path: Path) -> None:
-        body = data(LARGE)
+        body = self.data(LARGE)
         store.put("big/in.dat", body)
         done = self.done(self.run(store, store.url("big/in.dat"), str(tmp_path / "in.dat")))
         assert (tmp_path / "in.dat").read_bytes() == body and done.bytes == LARGE
@@ -119,7 +123,7 @@ class BackendSuite:
     TREE = {"a.dat": 10, "sub/b.dat": 3000, "sub/deeper/c.dat": 70_000, "sub/d.dat": 0}
 
     def test_tree_in(self, store: Store, tmp_path: Path) -> None:
-        bodies = {name: data(n, i) for i, (name, n) in enumerate(self.TREE.items())}
+        bodies = {name: self.data(n, i) for i, (name, n) in enumerate(self.TREE.items())}
         for name, body in bodies.items():
             store.put(f"tree/{name}", body)
         out = tmp_path / "tree"
@@ -131,7 +135,7 @@ class BackendSuite:
     def test_tree_out(self, store: Store, tmp_path: Path) -> None:
         self.writable(store)
         src = tmp_path / "tree"
-        bodies = {name: data(n, i) for i, (name, n) in enumerate(self.TREE.items())}
+        bodies = {name: self.data(n, i) for i, (name, n) in enumerate(self.TREE.items())}
         for name, body in bodies.items():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             (src / name).write_bytes(body)
@@ -143,7 +147,7 @@ class BackendSuite:
     def test_checksum_both_ways(self, store: Store, tmp_path: Path) -> None:
         """Out with ``checksum=`` then back in with it (S3 verifies a download against the
         digest its upload stored: an object bbstage did not write is refused)."""
-        body = data(300_000, 3)
+        body = self.data(300_000, 3)
         (tmp_path / "up.dat").write_bytes(body)
         if store.read_only:
             store.put("sum/out.dat", body)
@@ -158,7 +162,7 @@ class BackendSuite:
         assert (tmp_path / "in.dat").read_bytes() == body
 
     def test_overwrite_rules_into_a_local_file(self, store: Store, tmp_path: Path) -> None:
-        new = data(2000, 4)
+        new = self.data(2000, 4)
         store.put("ow/f.dat", new)
         dst = tmp_path / "f.dat"
         dst.write_bytes(b"old")
@@ -195,7 +199,7 @@ class BackendSuite:
         assert not (tmp_path / "x").exists()
 
     def test_cancel_leaves_nothing_behind(self, store: Store, tmp_path: Path) -> None:
-        body = data(LARGE)
+        body = self.data(LARGE)
         store.put("cancel/in.dat", body)
         (tmp_path / "in.dat").write_bytes(body)
         out = tmp_path / "out"

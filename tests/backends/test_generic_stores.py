@@ -23,6 +23,12 @@ class TestGCS(BackendSuite):
     # gcp-storage-emulator cuts an object name at ";" (its URL parser); GCS keeps it
     odd = ODD.replace(";", "")
 
+    def data(self, n: int, seed: int = 0) -> bytes:
+        # gcp-storage-emulator parses a multipart upload with Python's email parser, which
+        # drops a body's trailing b"\r" (1 random body in 256; seen in CI); GCS keeps it
+        body = super().data(n, seed)
+        return body[:-1] + b"\n" if body.endswith(b"\r") else body
+
     @pytest.fixture
     def store(self, stores_env: dict[str, str]) -> Iterator[Store]:
         options = StoreOptions(
