@@ -11,8 +11,6 @@ import subprocess
 import tomllib
 from pathlib import Path
 
-import pytest
-
 from tests.helpers import file_digest, wait_until
 
 from .conftest import USER, Cluster, as_user
@@ -27,12 +25,9 @@ def _api(cluster: Cluster) -> str:
 
 def test_a_job_drains_a_checkpoint_while_it_computes(cluster: Cluster, workdir: Path) -> None:
     """The job itself runs ``bbstage copy/wait`` (over the network API, as on a compute node
-    without the daemon's socket). 22.05 only: on 24.11/26.05 the job steps run chrooted in
-    the generation's Debian root, which has neither python3 nor the host's venv, so
-    ``bbstage`` is "command not found" there (seen on 26.05). The in-job client does not
-    depend on the Slurm version (it needs ``$SLURM_JOB_ID``, the config and munge)."""
-    if cluster.slurm != "22.05":
-        pytest.skip(f"{cluster.slurm}: job steps run in a Debian root without bbstage")
+    without the daemon's socket). On 24.11/26.05 the job steps run chrooted in the
+    generation's Debian root: there ``bbstage`` is the root's python3 running the repo's
+    code (scripts/local-cluster, ``root_bbstage``), as on a compute node with its own OS."""
     api = _api(cluster)
     out = workdir / "out"
     out.mkdir()
