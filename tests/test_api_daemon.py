@@ -370,3 +370,44 @@ def test_the_jobs_stage_out_waits_for_its_running_in_job_copies(
     status = json.loads(cli(d, "status", "--json", "409").stdout)
     assert status["state"] == "staged_out"
     assert [(r["kind"], r["state"]) for r in status["directives"]] == [("copy", "done")]
+
+
+def test_an_in_job_copy_over_the_api_must_come_from_one_of_the_jobs_nodes(
+    area: Path, munged: Munged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``job_check = "slurm"`` with a stand-in ``squeue``/``scontrol`` (no Slurm here; the
+    cluster test asks a real one): job 410 runs on node ``n1``. While ``n1``'s NodeAddr is
+    another host's, a copy request over the API from 127.0.0.1 is refused naming the origin;
+    once it is 127.0.0.1 the same request is accepted. The Unix socket (on the daemon's own
+    host, the kernel's word on the uid) is not asked for an origin."""
+    uid, _ = user_ids()
+    fake = area / "slurm-bin"
+    fake.mkdir()
+    addr = area / "n1.addr"
+    addr.write_text("10.255.0.1\n")
+    (fake / "squeue").write_text(f"#!/bin/sh\necho '410 RUNNING {uid} n1'\n")
+    (fake / "scontrol").write_text(f'#!/bin/sh\necho "NodeName=n1 NodeAddr=$(cat {addr})"\n')
+    for tool in ("squeue", "scontrol"):
+        (fake / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    port = free_port()
+    extra = (f'metrics_address = ""\napi_address = "127.0.0.1:{port}"\n'
+             f'munge_socket = "{munged.socket}"\njob_check = "slurm"')  # fmt: skip
+    d = start_daemon(area / "d", extra=extra)
+    try:
+        running_job(d, area, "410")
+        env = {"BBSTAGE_API": f"127.0.0.1:{port}", "SLURM_JOB_ID": "410"}
+        far = cli(d, "copy", "--at-end", "$BB_SCRATCH/x", "/tmp/x", **env)
+        assert far.returncode != 0, far.stdout
+        assert "came from 127.0.0.1, which is not one of job 410's nodes (n1)" in far.stderr
+        local = cli(d, "copy", "--at-end", "$BB_SCRATCH/y", "/tmp/y", SLURM_JOB_ID="410")
+        assert local.returncode == 0, local.stderr
+        addr.write_text("127.0.0.1\n")
+        near = cli(d, "copy", "--at-end", "$BB_SCRATCH/x", "/tmp/x", **env)
+        assert near.returncode == 0, near.stderr
+        status = json.loads(cli(d, "status", "--json", "410").stdout)
+        assert sorted(x["source"] for x in status["directives"]) == [
+            "$BB_SCRATCH/x", "$BB_SCRATCH/y"
+        ]  # fmt: skip
+    finally:
+        d.stop()
