@@ -102,14 +102,16 @@ def _local_status(cluster: Cluster, job: str) -> dict:
     return json.loads(out.stdout) if out.stdout else {}
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["term", "kill"])
 def test_a_daemon_restart_under_an_in_job_copy_never_loses_it(
-    cluster: Cluster, workdir: Path
+    cluster: Cluster, workdir: Path, sig: signal.Signals
 ) -> None:
-    """The daemon is stopped with SIGTERM (as an upgrade or ``systemctl restart`` does) while
-    the job's in-job copy is writing, and started again: the copy ends done with every byte
-    (resumed from the state database), or failed with its reason, never lost; the job's
-    ``bbstage wait`` sees the end. Its workers are held (SIGSTOP) while a temporary file
-    exists, so the SIGTERM lands mid-copy whatever the machine's speed, then let go."""
+    """The daemon is stopped with SIGTERM (as an upgrade or ``systemctl restart`` does) or
+    SIGKILL (the OOM killer) while the job's in-job copy is writing, and started again: the
+    copy ends done with every byte (resumed from the state database), or failed with its
+    reason, never lost; the job's ``bbstage wait`` sees the end. Its workers are held
+    (SIGSTOP) while a temporary file exists, so the signal lands mid-copy whatever the
+    machine's speed, then let go (after SIGKILL they are orphans, as after a real kill)."""
     api = _api(cluster)
     out = workdir / "out"
     out.mkdir()
@@ -148,7 +150,7 @@ echo $? > {out}/wait.rc
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
     try:
-        os.kill(daemon, signal.SIGTERM)
+        os.kill(daemon, sig)
     finally:
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
@@ -157,7 +159,7 @@ echo $? > {out}/wait.rc
     cluster.wait_gone(job, timeout=300)
     copy = next(r for r in cluster.status(job)["directives"] if r["kind"] == "copy")
     rc = (out / "wait.rc").read_text().strip()
-    print(f"{cluster.slurm}: the copy under a daemon restart ended {copy['state']}")
+    print(f"{cluster.slurm}: the copy under a daemon {sig.name} ended {copy['state']}")
     if copy["state"] == "failed":  # allowed: reported, with a reason, to the job too
         assert copy["error"] and rc == "1", (copy, (out / "wait.out").read_text())
         return
