@@ -171,3 +171,16 @@ class AttemptUpdate:
     bytes: int = 0
     files: int = 0
     error: str = ""
+
+
+def track_temps(temps: set[str], event: Event) -> bool:
+    """Keep in ``temps`` the worker's temporary files that may exist: each from its
+    ``TempFile`` (sent before it is created) until its ``TempsSettled`` (sent after its
+    file was committed, so renamed, or removed). True if ``event`` was one of those two."""
+    if isinstance(event, TempFile):
+        temps.add(event.path)
+    elif isinstance(event, TempsSettled):
+        temps.difference_update(event.paths)
+    else:
+        return False
+    return True

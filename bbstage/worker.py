@@ -433,14 +433,3 @@ def _copy_batch(
             raise movers.Cancelled()
         delay = min(delay * 2, retrying.BACKOFF_CAP)
         tasks = list(failed)
-
-
-def cleanup(paths: list[str], identity: Identity) -> None:
-    """Remove temporary files left by a killed worker, as the user who wrote them."""
-    _close_roots_pipes()
-    identity.assume()
-    for path in paths:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
