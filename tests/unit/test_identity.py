@@ -24,4 +24,3 @@ def test_files_are_removed_as_the_user_never_as_root(area: Path) -> None:
     unlink_as(Identity(NOBODY, NOBODY, ()), [str(theirs), str(odd), str(roots), str(area / "x")])
     assert sorted(p.name for p in area.iterdir()) == [".b.part"]
     assert roots.read_bytes() == b"partial"
-
