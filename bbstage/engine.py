@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import structlog
 
-from bbstage import directives, leftovers, movers, report, scratch, slurmdirs, staged
+from bbstage import directives, leftovers, movers, report, retrying, scratch, slurmdirs, staged
 from bbstage.config import Config
 from bbstage.counts import clamp
 from bbstage.events import EngineEvent, HookAnswered, TransferEnded
@@ -50,7 +50,7 @@ from bbstage.transfer import (
 log = structlog.get_logger("bbstage.engine")
 
 PROGRESS_EVERY = 1.0  # seconds between saves of the running transfers' progress
-ATTEMPTS = 3  # a transfer that fails transiently (e.g. its worker was killed) is run again
+ATTEMPTS = retrying.TRANSFER.tries  # a transfer that fails transiently is run again
 _PHASE = {"stage_in": ("staging_in", "staged_in"), "stage_out": ("staging_out", "staged_out")}
 # An in-job copy (`bbstage copy`, no --at-end) is a directive of this verb, added while the job
 # runs; it is one of the job's outputs: its stage-out waits for it (``_of_phase``). A copy

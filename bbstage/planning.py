@@ -20,7 +20,7 @@ from bbstage.transfer import Planned, ScratchLimit, Shard, TransferSpec
 def plan(mover: Mover, spec: TransferSpec, cancel: threading.Event) -> Iterable[FileTask]:
     """The mover's plan of ``spec`` (a list, or a lazy walk read once); transient errors
     retried."""
-    return retrying.with_retries(  # type: ignore[no-any-return]
+    return retrying.FILE.run(  # type: ignore[no-any-return]
         lambda: mover.plan(spec.source, spec.destination, tree=spec.tree, glob=spec.glob),
         cancel,
     )

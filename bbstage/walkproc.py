@@ -132,7 +132,7 @@ class _Sending(planning.Walk):
         chosen = planning.chosen(mover, planning.plan(mover, spec, cancel), spec)
 
         def make_dir(task: FileTask) -> None:
-            retrying.with_retries(lambda: mover.copy(task, _NO_PROGRESS, cancel), cancel)
+            retrying.FILE.run(lambda: mover.copy(task, _NO_PROGRESS, cancel), cancel)
 
         super().__init__(
             mover,

@@ -277,9 +277,7 @@ def _copy_share(
     reporter.send(Planned(count, files))
 
     def copy(fd: int, start: int, n: int) -> None:
-        retrying.with_retries(
-            lambda: mover.copy_range(task, fd, start, n, reporter, cancel), cancel
-        )
+        retrying.FILE.run(lambda: mover.copy_range(task, fd, start, n, reporter, cancel), cancel)
 
     if movers.backend(spec.destination_kind).assembles_pieces:  # joined by the last share
         mover.copy_share(task, spec.job_id, shard, reporter, cancel)
@@ -307,7 +305,7 @@ def _copy_all(
     batched = type(mover).copy_many is not Mover.copy_many
 
     def make_dir(task: FileTask) -> None:
-        retrying.with_retries(lambda: mover.copy(task, reporter, cancel), cancel)
+        retrying.FILE.run(lambda: mover.copy(task, reporter, cancel), cancel)
 
     walk: planning.Walk | walkproc.WalkApart
     if apart is not None:
@@ -362,7 +360,7 @@ def _copy_threads(
                 if task is None:
                     return
                 started = time.perf_counter()
-                retrying.with_retries(lambda t=task: mover.copy(t, reporter, cancel), cancel)
+                retrying.FILE.run(lambda t=task: mover.copy(t, reporter, cancel), cancel)
                 if task.kind == "file":
                     reporter.file_done(task, time.perf_counter() - started)
             except BaseException as exc:
@@ -420,16 +418,16 @@ def _copy_batch(
         if task.kind == "file":
             reporter.file_done(task)
 
-    delay = 0.2
-    for attempt in range(retrying.RETRIES + 1):
+    waits = retrying.FILE.waits()  # the batch is one step: its failed entries are tried again
+    while True:
         failed = mover.copy_many(tasks, reporter, cancel, done)
         if not failed:
             return
         errors = list(failed.values())
         permanent = [e for e in errors if e.permanent]
-        if permanent or attempt == retrying.RETRIES or cancel.is_set():
+        delay = next(waits, None)
+        if permanent or delay is None or cancel.is_set():
             raise (permanent or errors)[0]
         if cancel.wait(delay):
             raise movers.Cancelled()
-        delay = min(delay * 2, retrying.BACKOFF_CAP)
         tasks = list(failed)
