@@ -34,7 +34,7 @@ An attempt that sends no event for ``stall_timeout`` s once its task has started
 (``bbstage.stall.Watchdog``) is stopped as a cancel stops it and fails transiently, naming
 the path it was stuck on.
 
-``distributed`` is imported only here, only when ``[movers] engine = "dask"``.
+``distributed`` is imported only here, only when ``[movers] executor = "dask"``.
 """
 
 from __future__ import annotations

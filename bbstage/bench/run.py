@@ -60,13 +60,13 @@ def bench_dask(opts: Options, user: str | None, client: Any = None) -> dict[str,
     only root holds), the nodes copying as ``user``; the baselines copy on this host.
     ``client``: tests."""
     if not user:
-        raise BenchError("--engine dask needs --as-user USER: the nodes copy as that user")
+        raise BenchError("--executor dask needs --as-user USER: the nodes copy as that user")
     if os.geteuid() != 0:
-        raise BenchError("--engine dask needs root (the Dask client certificate is root's)")
+        raise BenchError("--executor dask needs root (the Dask client certificate is root's)")
     movers_conf = opts.config.movers
     if client is None and not (movers_conf.scheduler and movers_conf.tls_cert):
         raise BenchError(
-            "--engine dask: no Dask cluster in the configuration: set [movers] scheduler,"
+            "--executor dask: no Dask cluster in the configuration: set [movers] scheduler,"
             " tls_ca_file, tls_cert and tls_key (docs/scale-out.md)"
         )
     runner = DaskRunner(movers_conf, _identity(user), client)

@@ -93,7 +93,7 @@ def _options(kind: str, config: Config, profile: str | None) -> BackendOptions |
 
 
 class DaskRunner:
-    """Our transfer submitted to the configured Dask cluster (``bbstage bench --engine
+    """Our transfer submitted to the configured Dask cluster (``bbstage bench --executor
     dask``) as ``owner``, through the executor the daemon uses: the nodes copy, split
     into shards or ranges as a job's transfer is. ``nodes``: where attempts ran."""
 
