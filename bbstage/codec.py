@@ -105,7 +105,7 @@ def frames(event: Event) -> Iterator[bytes]:
 
 def decode(frame: bytes) -> Event:
     """The event one frame holds, or CodecError (its length is bounded where it is read:
-    ``receive``, and the Dask child's lines in ``bbstage.remote``)."""
+    ``receive``, and the Dask child's lines in ``bbstage.dask_task``)."""
     try:
         data = json.loads(frame)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError

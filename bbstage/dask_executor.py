@@ -3,7 +3,7 @@
 The same two methods as ``bbstage.executor.TransferExecutor`` (``submit``, ``cancel``):
 the daemon stays the source of truth, Dask is a disposable executor. Each submitted
 transfer is one attempt (an id in the log and in the task's key) that runs
-``bbstage.remote.run_attempt`` on a worker with one unit of the configured resource;
+``bbstage.dask_task.run_attempt`` on a worker with one unit of the configured resource;
 there the copy runs in a child process as the job's user. Progress comes back on the
 attempt's ``log_event`` topic; the outcome is the task's result, and its ``Planned`` is
 handed to ``on_event`` before the future resolves, so the engine's check "the manifest
@@ -49,7 +49,7 @@ from typing import Any
 
 import structlog
 
-from bbstage import codec, dask_client, fairshare, planning, remote, stall
+from bbstage import codec, dask_client, dask_task, fairshare, planning, stall
 from bbstage import movers as backends
 from bbstage.config import Movers
 from bbstage.dask_client import Connection, connected
@@ -201,10 +201,10 @@ class DaskExecutor:
         try:
             client = self._connection.client()
             for attempt in attempts:
-                DaskEvent(remote.cancel_event(attempt), client=client).set()
+                DaskEvent(dask_task.cancel_event(attempt), client=client).set()
             time.sleep(CANCEL_WAIT)
             for attempt in attempts:
-                for name in remote.events(attempt):
+                for name in dask_task.events(attempt):
                     DaskEvent(name, client=client).clear()
         except Exception as exc:
             log.warning("could not stop the attempts of the daemon's last run",
@@ -391,7 +391,7 @@ class DaskExecutor:
             self._resolve(attempt, error=Cancelled())
             return
         client.subscribe_topic(attempt.id, lambda event: self._event(attempt, event[1]))
-        cancel_name = remote.cancel_event(attempt.id)
+        cancel_name = dask_task.cancel_event(attempt.id)
         with self._lock:
             if attempt.key in self._cancelled or self._closing:
                 cancelled = True
@@ -400,7 +400,7 @@ class DaskExecutor:
                 attempt.client = client
                 attempt.cancel = DaskEvent(cancel_name, client=client)
                 attempt.dask = client.submit(
-                    remote.run_attempt,
+                    dask_task.run_attempt,
                     attempt.id,
                     spec,
                     identity.uid,
@@ -549,7 +549,7 @@ class DaskExecutor:
 def _clear(attempt: _Attempt) -> None:
     from distributed import Event as DaskEvent
 
-    for name in remote.events(attempt.id):
+    for name in dask_task.events(attempt.id):
         try:
             DaskEvent(name, client=attempt.client).clear()
         except Exception as exc:  # the scheduler is gone, and its events with it

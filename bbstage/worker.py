@@ -46,7 +46,8 @@ _WATCH_EVERY = 0.5  # seconds between checks that the daemon still runs
 
 
 class Sink(Protocol):
-    """Where a worker's events go: the pipe to the executor, or a stand-in (remote, tests)."""
+    """Where a worker's events go: the pipe to the executor, or a stand-in (the Dask
+    child's lines in dask_task.py, tests)."""
 
     def send(self, event: Event) -> None: ...
 

@@ -1,6 +1,6 @@
 """The codec of the events a worker (the job's user) sends back to root: exact, typed,
 bounded; nothing unpickled. The executor's side is in test_executor.py; here the codec
-itself and the Dask child's lines (``remote.run_child``, no Dask needed)."""
+itself and the Dask child's lines (``dask_task.run_child``, no Dask needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import codec, remote
+from bbstage import codec, dask_task
 from bbstage.identity import Identity
 from bbstage.transfer import Done, Failed, Moved, Planned, TempFile, TempsSettled, TransferSpec
 
@@ -87,12 +87,12 @@ def test_a_long_event_is_sent_in_frames_within_the_bound() -> None:
 
 
 def _fake_child(area: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
-    """``remote.run_child`` starts this shell script (as the user) instead of
-    ``python -m bbstage.remote``: a child the user took over."""
+    """``dask_task.run_child`` starts this shell script (as the user) instead of
+    ``python -m bbstage.dask_task``: a child the user took over."""
     path = area / "child"
     path.write_text(f"#!/bin/sh\ncat >/dev/null\n{script}\n")
     path.chmod(0o755)
-    monkeypatch.setattr(remote.sys, "executable", str(path))
+    monkeypatch.setattr(dask_task.sys, "executable", str(path))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the child drops from root to a user")
@@ -111,7 +111,7 @@ def test_a_dask_child_that_sends_anything_but_exact_events_fails_its_attempt(
 ) -> None:
     _fake_child(area, monkeypatch, script)
     sent: list[object] = []
-    outcome, planned = remote.run_child(
+    outcome, planned = dask_task.run_child(
         TransferSpec.between(str(area / "in"), str(area / "out")),
         NOBODY,
         sent.append,
@@ -133,7 +133,7 @@ def test_root_reads_at_most_one_frame_of_a_line_that_never_ends(
         monkeypatch,
         'head -c 8000000 /dev/zero | tr \'\\0\' x; touch "$(dirname "$0")/read-to-the-end"',
     )
-    outcome, _ = remote.run_child(
+    outcome, _ = dask_task.run_child(
         TransferSpec.between(str(area / "in"), str(area / "out")),
         NOBODY,
         lambda event: None,

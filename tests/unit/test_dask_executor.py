@@ -18,7 +18,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from bbstage import config, remote  # noqa: E402
+from bbstage import config, dask_task  # noqa: E402
 from bbstage.dask_executor import DaskExecutor, _Attempt  # noqa: E402
 from bbstage.identity import Identity  # noqa: E402
 from bbstage.movers import Cancelled, TransferError  # noqa: E402
@@ -70,13 +70,13 @@ def partial(area: Path) -> list[Path]:
 
 
 def children(uid: int) -> list[int]:
-    """Processes of ``uid`` running ``bbstage.remote``."""
+    """Processes of ``uid`` running ``bbstage.dask_task``."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.stat(f"/proc/{pid}").st_uid != uid:
                 continue
-            if b"bbstage.remote" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"bbstage.dask_task" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(int(pid))
         except OSError:
             pass
@@ -211,7 +211,7 @@ def test_run_child_returns_the_outcome_and_forwards_plan_and_progress(area: Path
     src.write_bytes(b"abc")
     src.chmod(0o644)
     sent: list[Any] = []
-    outcome, planned = remote.run_child(
+    outcome, planned = dask_task.run_child(
         TransferSpec.between(str(src), str(area / "out")), NOBODY, sent.append, lambda: False
     )
     assert outcome == Done(3, 1) and planned == Planned(3, 1)
@@ -444,7 +444,7 @@ def test_attempts_of_a_killed_daemon_are_stopped_and_their_events_deleted_at_res
     wait_until(lambda: [e for e in events if isinstance(e, Moved)], 60, "the copy's progress")
     running = executor._attempts["31:0"][0].id
     left = "32:0.0123456789ab"  # an attempt that ended with the daemon: only its events remain
-    DaskEvent(remote.started_event(left), client=client).set()
+    DaskEvent(dask_task.started_event(left), client=client).set()
     assert dask_events(client, "32:0.")
 
     restarted = DaskExecutor(config.Movers(executor="dask"), 4, client=client)

@@ -1,7 +1,7 @@
 """One transfer on a data-transfer node: the Dask task, and the child process it runs.
 
 ``run_attempt`` runs in a thread of a Dask worker, which is root on the node. It never
-changes its own identity: it starts ``python -m bbstage.remote`` as a child process that
+changes its own identity: it starts ``python -m bbstage.dask_task`` as a child process that
 the kernel starts as the job's user (``Popen(user=, group=, extra_groups=)``, in a new
 session), hands it the ``TransferSpec`` on stdin and reads its events back as JSON lines
 on stdout (``bbstage.codec``, strict: a line that is not exactly one known event fails the
@@ -124,7 +124,7 @@ def run_child(
     env = user_env(identity.uid, PYTHONPATH=walkproc.own_pythonpath())
     env |= {k: v for k, v in os.environ.items() if k in passed}
     child = subprocess.Popen(
-        [sys.executable, "-m", "bbstage.remote", str(os.getpid())],
+        [sys.executable, "-m", "bbstage.dask_task", str(os.getpid())],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         user=identity.uid,
@@ -149,7 +149,7 @@ def run_child(
             try:
                 stop = cancelled()
             except Exception as exc:  # the scheduler is unreachable: keep copying, ask again
-                print(f"bbstage.remote: cannot check for a cancel: {exc!r}", file=sys.stderr)
+                print(f"bbstage.dask_task: cannot check for a cancel: {exc!r}", file=sys.stderr)
                 stop = False
             if stop:
                 stopped.set()
@@ -209,7 +209,7 @@ def _unlink_temps(paths: list[str], identity: Identity) -> None:
     try:
         unlink_as(identity, paths, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
-        print(f"bbstage.remote: temporary files kept: {exc!r}", file=sys.stderr)
+        print(f"bbstage.dask_task: temporary files kept: {exc!r}", file=sys.stderr)
 
 
 class _Progress:
@@ -277,7 +277,7 @@ def _child(parent: int) -> int:
     from bbstage import worker
 
     if os.getuid() == 0 or os.geteuid() == 0:
-        print("bbstage.remote: refusing to copy as root", file=sys.stderr)
+        print("bbstage.dask_task: refusing to copy as root", file=sys.stderr)
         return 2
     spec = pickle.loads(sys.stdin.buffer.read())  # from root, our parent
     cancel = threading.Event()
