@@ -1,23 +1,26 @@
 """What crosses from the engine to a worker and back: one typed spec, six typed events.
 
-The engine builds a ``TransferSpec`` from a directive (``Engine._spec``; tools and tests use
-``TransferSpec.between``); the executor hands it to a worker process, which answers with
-events: ``Planned`` (the plan so far, now and then while the source is walked — the walk runs
-a bounded window ahead of the copy, so a tree is never held whole — and once ``final`` when
-the walk has ended), ``Moved`` now and then, ``TempFile`` for each named temporary file
-before it is created and ``TempsSettled`` in batches once they were renamed or removed, and
-one outcome, ``Done`` (the manifest of what it put in place, always after the final
-``Planned``) or ``Failed``. All are frozen dataclasses of plain values; the events come back
-to root through ``bbstage.codec`` (typed JSON, never a pickle: a worker runs as the user).
-An executor that runs attempts on transfer nodes (Dask) also tells the engine about each
+A ``TransferSpec`` is built from a directive in one place, ``TransferSpec.of_directive``
+(the engine's, and ``bbstage bench``'s; tests use ``TransferSpec.between``); the executor
+hands it to a worker process, which answers with events: ``Planned`` (the plan so far, now
+and then while the source is walked — the walk runs a bounded window ahead of the copy, so
+a tree is never held whole — and once ``final`` when the walk has ended), ``Moved`` now and
+then, ``TempFile`` for each named temporary file before it is created and ``TempsSettled``
+in batches once they were renamed or removed, and one outcome, ``Done`` (the manifest of
+what it put in place, always after the final ``Planned``) or ``Failed``. All are frozen
+dataclasses of plain values; the events come back to root through ``bbstage.codec`` (typed
+JSON, never a pickle: a worker runs as the user). An executor that runs attempts on
+transfer nodes (Dask) also tells the engine about each
 with ``AttemptUpdate``, which no worker sends.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from bbstage import movers
 from bbstage.movers.base import BackendOptions
 
 Overwrite = Literal["always", "never", "newer"]
@@ -69,6 +72,47 @@ class TransferSpec:
     scratch_limit: ScratchLimit | None = None
     resumed: bool = False  # an earlier attempt may have left temporary files behind
     shard: Shard | None = None  # only this share of a tree's files (split across nodes)
+
+    @classmethod
+    def of_directive(
+        cls,
+        job_id: str,
+        directive: Mapping[str, Any],
+        *,
+        uid: int,
+        backend_settings: Mapping[str, dict[str, Any]],
+        threads: int,
+        chunk_size: int,
+        scratch_limit: ScratchLimit | None = None,
+    ) -> TransferSpec:
+        """The one builder of a directive's transfer: ``directive`` as ``bbstage.directives``
+        parses it (``source``/``destination`` with ``$BB_SCRATCH`` already resolved, their
+        kinds, ``tree``, ``glob``, ``options``), and each side's backend options for the
+        owner ``uid`` from the site's ``backend_settings`` (``movers.options_for``: the
+        settings, the owner's mapped credentials; never the account table)."""
+        options = directive.get("options", {})
+        source_kind = directive.get("source_kind", "posix")
+        destination_kind = directive.get("destination_kind", "posix")
+
+        def side(kind: str) -> BackendOptions | None:
+            return movers.options_for(kind, backend_settings, uid, options)
+
+        return cls(
+            job_id=job_id,
+            source=directive["source"],
+            destination=directive["destination"],
+            source_kind=source_kind,
+            destination_kind=destination_kind,
+            tree=bool(directive.get("tree")),
+            glob=bool(directive.get("glob")),
+            checksum=options.get("checksum", "none"),
+            overwrite=cast(Overwrite, options.get("overwrite", "always")),
+            threads=threads,
+            chunk_size=chunk_size,
+            source_options=side(source_kind),
+            destination_options=side(destination_kind),
+            scratch_limit=scratch_limit,
+        )
 
     @classmethod
     def between(cls, source: str, destination: str, **fields: Any) -> TransferSpec:
