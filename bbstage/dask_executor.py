@@ -12,7 +12,7 @@ covers the plan" always has this attempt's plan, and nothing of the attempt reac
 
 Dask does not stop a running task, so ``cancel`` sets the attempt's ``distributed.Event``
 (the task polls it and kills the copy's process group) and waits for the task to end.
-A tree is split into shards (``Shard``: the files whose destination hashes to it), one
+A tree is split into shards (``TreeShard``: the files whose destination hashes to it), one
 attempt each, as many as there are workers with the resource (or ``[movers] shards``), so
 its files move through every node at once; the attempts' events are summed into the
 transfer's (``bbstage.split.Split``), and the transfer is done when every shard is. A failed shard
@@ -60,10 +60,11 @@ from bbstage.transfer import (
     AttemptUpdate,
     Done,
     Failed,
+    FileRange,
     Moved,
     Planned,
-    Shard,
     TransferSpec,
+    TreeShard,
 )
 
 log = structlog.get_logger("bbstage.dask")
@@ -78,7 +79,7 @@ class _Attempt:
     on_event: Any  # Planned and Moved (a shard's: summed by Split)
     future: Future[Done]
     tell: Any  # the transfer's on_event: this attempt's AttemptUpdate
-    shard: Shard = Shard(0, 1)
+    shard: TreeShard | FileRange = TreeShard(0, 1)
     client: Any = None  # the distributed.Client it was submitted through
     dask: Any = None  # distributed.Future, once submitted
     cancel: Any = None  # distributed.Event
@@ -289,7 +290,7 @@ class DaskExecutor:
         store's source it cannot see: each share plans it, and a small one is copied by
         share 0). A glob stays one task."""
         movers, local = self._movers, backends.backend(spec.source_kind).local
-        if spec.shard is not None or spec.glob:
+        if spec.part is not None or spec.glob:
             return 1
         if spec.tree:
             if local and planning.below(spec.source, True, movers.split_min):
@@ -321,17 +322,22 @@ class DaskExecutor:
             future.set_exception(Cancelled() if key in self._cancelled else self._unreachable(exc))
             return
         if count == 1:
-            whole = spec.shard or Shard(0, 1)
+            whole = spec.part or TreeShard(0, 1)
             attempts = [(_Attempt(key, base, on_event, future, on_event, whole), spec)]
         else:
             split = Split(count, on_event, future, lambda: self._signal(key, cancelled=False))
-            # One file's shares write one temporary file, named after their group.
-            group = "" if spec.tree else uuid.uuid4().hex[:8]
-            shards = [Shard(i, count, group, self._movers.range_min) for i in range(count)]
+            # One file's ranges write one temporary file, named after their group.
+            group = uuid.uuid4().hex[:8]
+            shards: list[TreeShard | FileRange] = [
+                TreeShard(i, count)
+                if spec.tree
+                else FileRange(i, count, group, self._movers.range_min)
+                for i in range(count)
+            ]
             attempts = [
                 (_Attempt(key, f"{base}/{i}", split.event(i), split.outcome(), on_event,
                           shard),
-                 spec.but(shard=shard))
+                 spec.but(part=shard))
                 for i, shard in enumerate(shards)
             ]  # fmt: skip
         with self._lock:

@@ -35,18 +35,25 @@ class ScratchLimit:
 
 
 @dataclass(frozen=True)
-class Shard:
-    """Share ``index`` of ``count`` of a transfer; shares run on different nodes at once.
-
-    Of a tree: the files whose destination path hashes to ``index``
-    (``bbstage.planning.in_shard``); every share walks the whole tree and makes its
-    directories. Of one file (``group`` set): its byte range ``index`` (``bbstage.ranges``),
-    written into one temporary file that the submission's shares (``group``: its id, 8 hex
-    digits) share; a file under ``min_size`` bytes is copied whole by share 0 alone."""
+class TreeShard:
+    """Shard ``index`` of ``count`` of a tree, run on one node while the others run theirs:
+    the files whose destination path hashes to ``index`` (``bbstage.planning.in_shard``);
+    every shard walks the whole tree and makes its directories."""
 
     index: int
     count: int
-    group: str = ""
+
+
+@dataclass(frozen=True)
+class FileRange:
+    """Byte range ``index`` of ``count`` of one file, run on one node while the others run
+    theirs (``bbstage.ranges``; to a store that assembles pieces: ``Mover.copy_share``),
+    written into one temporary file that the submission's ranges share (``group``: its id,
+    8 hex digits); a file under ``min_size`` bytes is copied whole by range 0 alone."""
+
+    index: int
+    count: int
+    group: str
     min_size: int = 0
 
 
@@ -71,7 +78,9 @@ class TransferSpec:
     destination_options: BackendOptions | None = None
     scratch_limit: ScratchLimit | None = None
     resumed: bool = False  # an earlier attempt may have left temporary files behind
-    shard: Shard | None = None  # only this share of a tree's files (split across nodes)
+    # Only this part of the transfer, the others running on other nodes (Dask): a shard of
+    # a tree's files, or a byte range of one file.
+    part: TreeShard | FileRange | None = None
 
     @classmethod
     def of_directive(

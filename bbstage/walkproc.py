@@ -28,7 +28,7 @@ from typing import IO
 from bbstage import movers, planning, retrying
 from bbstage.identity import user_env
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
-from bbstage.transfer import Planned, TransferSpec
+from bbstage.transfer import FileRange, Planned, TransferSpec
 
 COMMAND = [sys.executable, "-s", "-m", "bbstage.walkproc"]  # the walk's process
 _HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where bbstage is
@@ -52,7 +52,7 @@ def wanted(mover: Mover, spec: TransferSpec) -> bool:
     glob, not a share of one file) of more than ``MANY`` entries."""
     if not (mover.walk_apart and spec.tree and not spec.glob):
         return False
-    if spec.shard is not None and spec.shard.group:
+    if isinstance(spec.part, FileRange):
         return False
     return _more_than(spec.source, MANY)
 

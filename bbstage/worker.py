@@ -29,6 +29,7 @@ from bbstage.transfer import (
     Done,
     Event,
     Failed,
+    FileRange,
     Moved,
     Planned,
     TempFile,
@@ -229,11 +230,11 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
         tasks = planning.plan(mover, spec, cancel)
         again = isinstance(tasks, Sequence)  # a list is read again; a walk is started anew
         budget = None
-        if spec.shard is not None and spec.shard.group:
-            return _copy_share(mover, list(tasks), spec, reporter, cancel)
+        if isinstance(spec.part, FileRange):
+            return _copy_range(mover, list(tasks), spec.part, spec, reporter, cancel)
         # First passes, before anything is copied; they keep counts, never the plan.
         if spec.resumed:
-            planning.remove_stale_temps(tasks, spec.job_id, spec.shard)
+            planning.remove_stale_temps(tasks, spec.job_id, spec.part)
             tasks = tasks if again else planning.plan(mover, spec, cancel)
         if spec.scratch_limit is not None:  # the whole tree must fit, whichever the shard
             chosen = planning.select(mover, tasks, spec.overwrite)
@@ -248,42 +249,41 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
         mover.close()
 
 
-def _copy_share(
+def _copy_range(
     mover: Mover,
     plan: list[FileTask],
+    part: FileRange,
     spec: TransferSpec,
     reporter: Reporter,
     cancel: threading.Event,
 ) -> None:
-    """Share ``spec.shard`` of a one-file transfer: its byte range of a file of at least
-    ``min_size`` bytes (``bbstage.ranges``; to a store that assembles pieces: ``copy_share``);
-    anything else (a smaller file, a link, a file already in place, a transfer with
-    ``checksum=``) share 0 copies whole, alone."""
-    shard = spec.shard
-    assert shard is not None
+    """Range ``part`` of a one-file transfer: its bytes of a file of at least ``min_size``
+    bytes (``bbstage.ranges``; to a store that assembles pieces: ``copy_share``); anything
+    else (a smaller file, a link, a file already in place, a transfer with ``checksum=``)
+    range 0 copies whole, alone."""
     if spec.resumed:
-        planning.remove_stale_temps(plan, spec.job_id, shard)
+        planning.remove_stale_temps(plan, spec.job_id, part)
     chosen = list(planning.select(mover, plan, spec.overwrite))
     if spec.scratch_limit is not None:
         planning.check_capacity(chosen, spec.scratch_limit)
     task = chosen[0] if len(chosen) == 1 else None
-    least = max(shard.min_size, mover.min_share * shard.count)
+    least = max(part.min_size, mover.min_share * part.count)
     if task is None or task.kind != "file" or task.size < least or spec.checksum != "none":
-        if shard.index == 0:
+        if part.index == 0:
             return _copy_all(mover, chosen, reporter, cancel)
         reporter.send(Planned(0, 0))
         return
-    offset, count = ranges.span(shard, task.size)
-    files = 1 if shard.index == 0 else 0
+    offset, count = ranges.span(part, task.size)
+    files = 1 if part.index == 0 else 0
     reporter.send(Planned(count, files))
 
     def copy(fd: int, start: int, n: int) -> None:
         retrying.FILE.run(lambda: mover.copy_range(task, fd, start, n, reporter, cancel), cancel)
 
-    if movers.backend(spec.destination_kind).assembles_pieces:  # joined by the last share
-        mover.copy_share(task, spec.job_id, shard, reporter, cancel)
+    if movers.backend(spec.destination_kind).assembles_pieces:  # joined by the last range
+        mover.copy_share(task, spec.job_id, part, reporter, cancel)
     else:
-        ranges.write_range(task, spec.job_id, shard, copy, reporter.temp)
+        ranges.write_range(task, spec.job_id, part, copy, reporter.temp)
     reporter.range_done(task, count, files)
 
 
