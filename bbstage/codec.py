@@ -11,7 +11,16 @@ for the Dask topic (``to_dict``/``from_dict``).
 
 Root's side of the other direction (the ``TransferSpec`` root sends to the worker) stays a
 pickle: root writes it, the user's process reads it, and a pickle from root is no risk to
-root.
+root. The other boundaries between processes, and what crosses them:
+
+* a Dask task (root on its node) to the daemon: its events through this codec on the
+  attempt's topic; its result (the outcome this codec decoded from the child) through
+  ``distributed``, root to root over mutual TLS;
+* the walk process to its worker (``bbstage.walkproc``): ``marshal`` frames, the user to
+  the same user's process, never to root;
+* ``bbstage bench --as-user``'s child (the user) to root: JSON arrays, checked
+  (``bbstage.bench.run``); root to the user's unlinker: NUL-separated paths
+  (``identity.unlink_as``).
 """
 
 from __future__ import annotations

@@ -141,3 +141,49 @@ def test_root_reads_at_most_one_frame_of_a_line_that_never_ends(
     )
     assert isinstance(outcome, Failed) and "a line over 1048576 bytes" in outcome.message
     assert not (area / "read-to-the-end").exists()
+
+
+class _Trap:
+    """A pickle whose loading makes a directory: proof that it was unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.mkdir, (self.path,))
+
+
+@pytest.mark.parametrize("sends", ["pickle", "run-pickle", "run-extra-field", "run-other-job"])
+def test_bench_as_user_never_unpickles_what_its_child_sends(
+    sends: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bbstage bench --as-user``: root reads its child (the user) as JSON arrays only; a
+    pickle, or a relayed transfer that is not exactly the directive's fields, is refused and
+    nothing of it runs in root."""
+    from multiprocessing.connection import Connection
+
+    from bbstage import config
+    from bbstage.bench import run
+    from bbstage.bench.model import BenchError, Options
+
+    trap = tmp_path / "unpickled-in-root"
+    fields = {"job_id": "bench-1", "source": "/a", "destination": "/b", "source_kind": "posix",
+              "destination_kind": "posix", "tree": False, "glob": False, "checksum": "none",
+              "overwrite": "always", "profile": None}  # fmt: skip
+    messages = {
+        "pickle": lambda conn: conn.send(("ok", _Trap(str(trap)))),
+        "run-pickle": lambda conn: conn.send(("run", _Trap(str(trap)))),
+        "run-extra-field": lambda conn: run._send(conn, "run", fields | {"shard": 1}),
+        "run-other-job": lambda conn: run._send(conn, "run", fields | {"job_id": "42"}),
+    }
+
+    def hostile(conn: Connection, opts: Options, identity: Identity) -> None:
+        messages[sends](conn)
+        conn.close()
+
+    monkeypatch.setattr(run, "_child", hostile)
+    opts = Options(source="/a", destination="/b", plan=[], config=config.Config())
+    relayed: list[TransferSpec] = []
+    with pytest.raises(BenchError, match="refused|bad|another job"):
+        run.bench_as(opts, "nobody", runner=lambda spec, *_: relayed.append(spec))
+    assert not trap.exists() and relayed == []
