@@ -6,7 +6,7 @@ on both CPUs. The process is a fresh interpreter (``python -m bbstage.walkproc``
 by the worker, so with the user's identity), not a fork of the worker, whose pages its RSS
 would count a second time. Over its stdin and stdout, in frames (length, kind, body):
 
-* in: the ``Request`` (``pickle``), then one byte per chunk the copy has taken: a credit, so
+* in: the ``WalkRequest`` (``pickle``), then one byte per chunk the copy has taken: a credit, so
   the walk stays as far ahead of the copy as a thread's would (``planning.WINDOWS``);
 * out: ``C`` a chunk of the plan (``marshal``\\ ed tuples), ``P`` the counts (``Planned``),
   ``E`` the walk's error (message, permanent), ``.`` the end.
@@ -37,7 +37,7 @@ _OWED = planning.WINDOWS - 2  # chunks the walk may hand on that the copy has no
 
 
 @dataclass(frozen=True)
-class Request:
+class WalkRequest:
     """What the walk's process walks: ``spec``'s plan, as the worker would select it."""
 
     spec: TransferSpec
@@ -69,7 +69,7 @@ def _more_than(root: str, limit: int) -> bool:
 class WalkApart:
     """The worker's side: a ``planning.Walk`` whose walk runs in the walk's process."""
 
-    def __init__(self, request: Request, send: Callable[[Planned], None]) -> None:
+    def __init__(self, request: WalkRequest, send: Callable[[Planned], None]) -> None:
         self.request, self.send = request, send
 
     def __enter__(self) -> WalkApart:
@@ -126,7 +126,7 @@ def own_pythonpath() -> str:
 class _Sending(planning.Walk):
     """The walk's process's side: ``planning.Walk.walk``, handing chunks to stdout."""
 
-    def __init__(self, request: Request, out: IO[bytes], credits: IO[bytes]) -> None:
+    def __init__(self, request: WalkRequest, out: IO[bytes], credits: IO[bytes]) -> None:
         spec, cancel = request.spec, threading.Event()
         mover = movers.get(spec.source_kind, spec.destination_kind)(request.options)
         chosen = planning.chosen(mover, planning.plan(mover, spec, cancel), spec)

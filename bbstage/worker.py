@@ -243,7 +243,7 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
         chosen = planning.chosen(mover, tasks, spec)
         apart = None
         if walkproc.wanted(mover, spec):  # its process plans and selects on its own
-            apart = walkproc.Request(spec, options, budget, READ_AHEAD_FILES, READ_AHEAD_BYTES)
+            apart = walkproc.WalkRequest(spec, options, budget, READ_AHEAD_FILES, READ_AHEAD_BYTES)
         _copy_all(mover, chosen, reporter, cancel, None, budget, apart)
     finally:
         mover.close()
@@ -294,7 +294,7 @@ def _copy_all(
     cancel: threading.Event,
     threads: int | None = None,
     budget: int | None = None,
-    apart: walkproc.Request | None = None,
+    apart: walkproc.WalkRequest | None = None,
 ) -> None:
     """Copy the plan as it is walked (``planning.Walk``; with ``apart``, in the walk's
     process, ``walkproc.WalkApart``, which plans on its own, ``tasks`` unread): directories
