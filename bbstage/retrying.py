@@ -2,7 +2,7 @@
 
 A transient failure (``TransferError(permanent=False)``, or an ``OSError`` that
 ``movers.base.os_error`` calls transient: a reset connection, a timeout, a 5xx) is tried
-again at three layers, each with its own ``Policy`` below, and nowhere else:
+again at three layers, each with its own ``RetryPolicy`` below, and nowhere else:
 
 * ``TRANSFER``: the engine runs a failed transfer again as a new attempt (a killed worker,
   a lost transfer node, a file layer that gave up), resuming: what is in place is skipped.
@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Policy:
+class RetryPolicy:
     """``tries`` in all (the first one included), waiting ``first`` seconds after the first
     failure, each wait ``factor`` times the one before, none longer than ``cap``."""
 
@@ -69,8 +69,8 @@ class Policy:
                 raise movers.Cancelled()
 
 
-TRANSFER = Policy(tries=3)  # the engine's attempts (it waits for nothing: a new attempt)
-FILE = Policy(tries=6, first=0.2, factor=2.0, cap=8.0)  # the worker's, per step
-REQUEST = Policy(tries=3, first=0.1, factor=4.0, cap=1.6)  # a backend's, per request
+TRANSFER = RetryPolicy(tries=3)  # the engine's attempts (it waits for nothing: a new attempt)
+FILE = RetryPolicy(tries=6, first=0.2, factor=2.0, cap=8.0)  # the worker's, per step
+REQUEST = RetryPolicy(tries=3, first=0.1, factor=4.0, cap=1.6)  # a backend's, per request
 LIBRARY_TRIES = 1  # a client library's own, beneath REQUEST: none
 BUDGET = TRANSFER.tries * FILE.tries * REQUEST.tries * LIBRARY_TRIES

@@ -20,7 +20,7 @@ from tests.helpers import run_worker, s3_sides
 def test_a_policy_waits_tries_minus_one_times_within_its_cap() -> None:
     assert list(retrying.FILE.waits()) == [0.2, 0.4, 0.8, 1.6, 3.2]
     assert list(retrying.REQUEST.waits()) == [0.1, 0.4]
-    assert list(retrying.Policy(tries=4, first=1.0, factor=10, cap=5).waits()) == [1, 5, 5]
+    assert list(retrying.RetryPolicy(tries=4, first=1.0, factor=10, cap=5).waits()) == [1, 5, 5]
     assert retrying.BUDGET == 54
 
 
@@ -79,7 +79,7 @@ def test_one_failing_transfer_sends_a_request_at_most_the_budget(
     of its own), and the engine makes ``TRANSFER.tries`` attempts: ``BUDGET`` in all. The
     waits are made zero here; their sum is what docs/operations.md gives."""
     for name in ("FILE", "REQUEST"):
-        monkeypatch.setattr(retrying, name, retrying.Policy(getattr(retrying, name).tries))
+        monkeypatch.setattr(retrying, name, retrying.RetryPolicy(getattr(retrying, name).tries))
     conf = {"s3": {"endpoint_url": unavailable}, "credentials": {"key": "k", "secret": "s"}}
     spec = TransferSpec.between("s3://bkt/k", str(tmp_path / "k"), **s3_sides(conf))
     with pytest.raises(TransferError) as caught:

@@ -49,7 +49,7 @@ def test_overwrite_never_keeps_an_existing_file(tmp_path: Path) -> None:
 
 
 def test_transient_errors_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(retrying, "FILE", retrying.Policy(tries=6))  # no waits
+    monkeypatch.setattr(retrying, "FILE", retrying.RetryPolicy(tries=6))  # no waits
     calls = []
 
     def flaky() -> str:
