@@ -306,7 +306,9 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--as-user", metavar="USER", help="(root) run everything as USER")
     s.add_argument(
-        "--engine",
+        "--executor",
+        "--engine",  # its old name
+        dest="executor",
         default="local",
         choices=["local", "dask"],
         help="dask: our copy runs on the [movers] Dask cluster's nodes as --as-user USER",

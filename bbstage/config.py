@@ -51,10 +51,11 @@ class Pool:
 
 @dataclass(frozen=True)
 class Movers:
-    """Where transfers run: ``local`` worker processes, or tasks on a Dask cluster of
-    transfer nodes (``dask``: TLS with client certificates only, docs/scale-out.md)."""
+    """Where transfers run: ``executor`` ``local`` (worker processes on the daemon's host,
+    bbstage/executor.py), or ``dask`` (tasks on a Dask cluster of transfer nodes, TLS with
+    client certificates only: bbstage/dask_executor.py, docs/scale-out.md)."""
 
-    engine: str = "local"
+    executor: str = "local"
     scheduler: str = ""  # tls://host:port
     tls_ca_file: Path | None = None
     tls_cert: Path | None = None
@@ -118,16 +119,23 @@ def _count(value: Any) -> int:
     return value
 
 
-def _movers(data: dict[str, Any], source: str) -> Movers:
-    """The [movers] section; ``dask`` needs a ``tls://`` scheduler and all three TLS files."""
+def _movers(data: dict[str, Any], source: str, deprecated: list[str]) -> Movers:
+    """The [movers] section; ``dask`` needs a ``tls://`` scheduler and all three TLS files.
+    An old key still read is told in ``deprecated``."""
 
     def path(value: Any) -> Path:
         return Path(_text(value))
 
-    keys = {"engine": _text, "scheduler": _text, "tls_ca_file": path, "tls_cert": path,
+    keys = {"executor": _text, "scheduler": _text, "tls_ca_file": path, "tls_cert": path,
             "tls_key": path, "resources": _text, "shards": _count,
             "range_min": parse_size, "split_min": parse_size}  # fmt: skip
     kwargs: dict[str, Any] = {}
+    data = dict(data)
+    if "engine" in data:  # its name until 2026-11: the executor, not bbstage.engine
+        if "executor" in data:
+            raise ConfigError(f"{source}: [movers] engine is the old name of executor: keep one")
+        deprecated.append(f"{source}: [movers] engine is deprecated: write executor instead")
+        data["executor"] = data.pop("engine")
     for key, value in data.items():
         if key not in keys:
             raise ConfigError(f"{source}: [movers] unknown key {key!r}")
@@ -136,17 +144,17 @@ def _movers(data: dict[str, Any], source: str) -> Movers:
         except ValueError as exc:
             raise ConfigError(f"{source}: [movers] {key}: {exc}") from None
     movers = Movers(**kwargs)
-    if movers.engine not in ("local", "dask"):
-        raise ConfigError(f"{source}: [movers] engine: {movers.engine!r} is not local or dask")
-    if movers.engine == "dask":
+    if movers.executor not in ("local", "dask"):
+        raise ConfigError(f"{source}: [movers] executor: {movers.executor!r} is not local or dask")
+    if movers.executor == "dask":
         if not movers.scheduler.startswith("tls://"):
             raise ConfigError(
-                f'{source}: [movers] scheduler: engine = "dask" needs a tls:// address'
+                f'{source}: [movers] scheduler: executor = "dask" needs a tls:// address'
                 f" (mutual TLS is required), not {movers.scheduler!r}"
             )
         for key in ("tls_ca_file", "tls_cert", "tls_key"):
             if getattr(movers, key) is None:
-                raise ConfigError(f'{source}: [movers] {key}: required with engine = "dask"')
+                raise ConfigError(f'{source}: [movers] {key}: required with executor = "dask"')
     return movers
 
 
@@ -176,6 +184,8 @@ class Config:
     backend_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     movers: Movers = field(default_factory=Movers)
     fairshare: FairShare = field(default_factory=FairShare)
+    # Old keys still read, each with what to write instead: the daemon logs them at start.
+    deprecated: tuple[str, ...] = ()
 
     def pool(self, name: str | None) -> Pool | None:
         """The named pool, or the first one when ``name`` is empty."""
@@ -280,7 +290,9 @@ def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
             raise ConfigError(f"{source}: [[pools]] #{i + 1}: {exc}") from None
     kwargs["pools"] = tuple(pools)
     kwargs["backend_settings"] = {t: dict(data[t]) for t in tables if t in data}
-    kwargs["movers"] = _movers(data.get("movers", {}), source)
+    deprecated: list[str] = []
+    kwargs["movers"] = _movers(data.get("movers", {}), source, deprecated)
+    kwargs["deprecated"] = tuple(deprecated)
     kwargs["fairshare"] = _fairshare(data.get("fairshare", {}), source)
     try:
         # A typo in a backend's table is an error now, not at staging. The registry imports

@@ -24,6 +24,8 @@ log = structlog.get_logger("bbstage.daemon")
 
 def run(config: Config) -> int:
     logsetup.configure(config.log_level)
+    for message in config.deprecated:
+        log.warning("deprecated configuration", detail=message)
     return asyncio.run(_main(config))
 
 
@@ -58,11 +60,11 @@ async def _main(config: Config) -> int:
         return 1
     store = Store(config.state_dir / "state.db")
     executor: TransferExecutor
-    if config.movers.engine == "dask":
+    if config.movers.executor == "dask":
         try:
             import distributed  # noqa: F401  (only when configured)
         except ImportError:
-            message = '[movers] engine = "dask" needs distributed: pip install "bbstage[dask]"'
+            message = '[movers] executor = "dask" needs distributed: pip install "bbstage[dask]"'
             log.error("not started", reason=message)
             print(f"bbstage daemon: {message}", file=sys.stderr)
             return 1

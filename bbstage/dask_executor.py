@@ -3,7 +3,7 @@
 The same two methods as ``bbstage.executor.TransferExecutor`` (``submit``, ``cancel``):
 the daemon stays the source of truth, Dask is a disposable executor. Each submitted
 transfer is one attempt (an id in the log and in the task's key) that runs
-``bbstage.remote.run_attempt`` on a worker with one unit of the configured resource;
+``bbstage.dask_task.run_attempt`` on a worker with one unit of the configured resource;
 there the copy runs in a child process as the job's user. Progress comes back on the
 attempt's ``log_event`` topic; the outcome is the task's result, and its ``Planned`` is
 handed to ``on_event`` before the future resolves, so the engine's check "the manifest
@@ -12,7 +12,7 @@ covers the plan" always has this attempt's plan, and nothing of the attempt reac
 
 Dask does not stop a running task, so ``cancel`` sets the attempt's ``distributed.Event``
 (the task polls it and kills the copy's process group) and waits for the task to end.
-A tree is split into shards (``Shard``: the files whose destination hashes to it), one
+A tree is split into shards (``TreeShard``: the files whose destination hashes to it), one
 attempt each, as many as there are workers with the resource (or ``[movers] shards``), so
 its files move through every node at once; the attempts' events are summed into the
 transfer's (``bbstage.split.Split``), and the transfer is done when every shard is. A failed shard
@@ -34,7 +34,7 @@ An attempt that sends no event for ``stall_timeout`` s once its task has started
 (``bbstage.stall.Watchdog``) is stopped as a cancel stops it and fails transiently, naming
 the path it was stuck on.
 
-``distributed`` is imported only here, only when ``[movers] engine = "dask"``.
+``distributed`` is imported only here, only when ``[movers] executor = "dask"``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import Any
 
 import structlog
 
-from bbstage import codec, dask_client, fairshare, planning, remote, stall
+from bbstage import codec, dask_client, dask_task, fairshare, planning, stall
 from bbstage import movers as backends
 from bbstage.config import Movers
 from bbstage.dask_client import Connection, connected
@@ -60,10 +60,11 @@ from bbstage.transfer import (
     AttemptUpdate,
     Done,
     Failed,
+    FileRange,
     Moved,
     Planned,
-    Shard,
     TransferSpec,
+    TreeShard,
 )
 
 log = structlog.get_logger("bbstage.dask")
@@ -78,7 +79,7 @@ class _Attempt:
     on_event: Any  # Planned and Moved (a shard's: summed by Split)
     future: Future[Done]
     tell: Any  # the transfer's on_event: this attempt's AttemptUpdate
-    shard: Shard = Shard(0, 1)
+    shard: TreeShard | FileRange = TreeShard(0, 1)
     client: Any = None  # the distributed.Client it was submitted through
     dask: Any = None  # distributed.Future, once submitted
     cancel: Any = None  # distributed.Event
@@ -201,10 +202,10 @@ class DaskExecutor:
         try:
             client = self._connection.client()
             for attempt in attempts:
-                DaskEvent(remote.cancel_event(attempt), client=client).set()
+                DaskEvent(dask_task.cancel_event(attempt), client=client).set()
             time.sleep(CANCEL_WAIT)
             for attempt in attempts:
-                for name in remote.events(attempt):
+                for name in dask_task.events(attempt):
                     DaskEvent(name, client=client).clear()
         except Exception as exc:
             log.warning("could not stop the attempts of the daemon's last run",
@@ -289,7 +290,7 @@ class DaskExecutor:
         store's source it cannot see: each share plans it, and a small one is copied by
         share 0). A glob stays one task."""
         movers, local = self._movers, backends.backend(spec.source_kind).local
-        if spec.shard is not None or spec.glob:
+        if spec.part is not None or spec.glob:
             return 1
         if spec.tree:
             if local and planning.below(spec.source, True, movers.split_min):
@@ -321,17 +322,22 @@ class DaskExecutor:
             future.set_exception(Cancelled() if key in self._cancelled else self._unreachable(exc))
             return
         if count == 1:
-            whole = spec.shard or Shard(0, 1)
+            whole = spec.part or TreeShard(0, 1)
             attempts = [(_Attempt(key, base, on_event, future, on_event, whole), spec)]
         else:
             split = Split(count, on_event, future, lambda: self._signal(key, cancelled=False))
-            # One file's shares write one temporary file, named after their group.
-            group = "" if spec.tree else uuid.uuid4().hex[:8]
-            shards = [Shard(i, count, group, self._movers.range_min) for i in range(count)]
+            # One file's ranges write one temporary file, named after their group.
+            group = uuid.uuid4().hex[:8]
+            shards: list[TreeShard | FileRange] = [
+                TreeShard(i, count)
+                if spec.tree
+                else FileRange(i, count, group, self._movers.range_min)
+                for i in range(count)
+            ]
             attempts = [
                 (_Attempt(key, f"{base}/{i}", split.event(i), split.outcome(), on_event,
                           shard),
-                 spec.but(shard=shard))
+                 spec.but(part=shard))
                 for i, shard in enumerate(shards)
             ]  # fmt: skip
         with self._lock:
@@ -391,7 +397,7 @@ class DaskExecutor:
             self._resolve(attempt, error=Cancelled())
             return
         client.subscribe_topic(attempt.id, lambda event: self._event(attempt, event[1]))
-        cancel_name = remote.cancel_event(attempt.id)
+        cancel_name = dask_task.cancel_event(attempt.id)
         with self._lock:
             if attempt.key in self._cancelled or self._closing:
                 cancelled = True
@@ -400,7 +406,7 @@ class DaskExecutor:
                 attempt.client = client
                 attempt.cancel = DaskEvent(cancel_name, client=client)
                 attempt.dask = client.submit(
-                    remote.run_attempt,
+                    dask_task.run_attempt,
                     attempt.id,
                     spec,
                     identity.uid,
@@ -549,7 +555,7 @@ class DaskExecutor:
 def _clear(attempt: _Attempt) -> None:
     from distributed import Event as DaskEvent
 
-    for name in remote.events(attempt.id):
+    for name in dask_task.events(attempt.id):
         try:
             DaskEvent(name, client=attempt.client).clear()
         except Exception as exc:  # the scheduler is gone, and its events with it

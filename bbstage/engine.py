@@ -13,17 +13,17 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import structlog
 
-from bbstage import directives, leftovers, movers, report, scratch, slurmdirs, staged
+from bbstage import directives, leftovers, report, retrying, scratch, slurmdirs, staged
 from bbstage.config import Config
 from bbstage.counts import clamp
 from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
-from bbstage.movers import BackendOptions, Cancelled, TransferError
+from bbstage.movers import Cancelled, TransferError
 from bbstage.protocol import BUSY, ERROR, OK, Reply, Request, bounded
 from bbstage.state import (
     CANCELLED,
@@ -41,7 +41,6 @@ from bbstage.transfer import (
     Done,
     Event,
     Moved,
-    Overwrite,
     Planned,
     ScratchLimit,
     TransferSpec,
@@ -50,7 +49,7 @@ from bbstage.transfer import (
 log = structlog.get_logger("bbstage.engine")
 
 PROGRESS_EVERY = 1.0  # seconds between saves of the running transfers' progress
-ATTEMPTS = 3  # a transfer that fails transiently (e.g. its worker was killed) is run again
+ATTEMPTS = retrying.TRANSFER.tries  # a transfer that fails transiently is run again
 _PHASE = {"stage_in": ("staging_in", "staged_in"), "stage_out": ("staging_out", "staged_out")}
 # An in-job copy (`bbstage copy`, no --at-end) is a directive of this verb, added while the job
 # runs; it is one of the job's outputs: its stage-out waits for it (``_of_phase``). A copy
@@ -649,29 +648,22 @@ class Engine:
             self._attempts.pop((job_id, idx), None)
 
     def _spec(self, job: JobRow, d: DirectiveRow) -> TransferSpec:
-        """The one place a directive becomes a transfer spec."""
+        """A directive's transfer spec, ``$BB_SCRATCH`` resolved: ``TransferSpec.of_directive``."""
         spec = d.spec
-        options = spec.get("options", {})
-        return TransferSpec(
-            job_id=job.job_id,
-            source=scratch.resolve(spec["source"], job.scratch),
-            destination=scratch.resolve(spec["destination"], job.scratch),
-            source_kind=spec.get("source_kind", "posix"),
-            destination_kind=spec.get("destination_kind", "posix"),
-            tree=bool(spec.get("tree")),
-            glob=bool(spec.get("glob")),
-            checksum=options.get("checksum", "none"),
-            overwrite=cast(Overwrite, options.get("overwrite", "always")),
+        resolved = {
+            **spec,
+            "source": scratch.resolve(spec["source"], job.scratch),
+            "destination": scratch.resolve(spec["destination"], job.scratch),
+        }
+        return TransferSpec.of_directive(
+            job.job_id,
+            resolved,
+            uid=job.uid or 0,
+            backend_settings=self.config.backend_settings,
             threads=self.config.threads_per_transfer,
             chunk_size=self.config.chunk_size,
-            source_options=self._options(spec.get("source_kind", "posix"), job, options),
-            destination_options=self._options(spec.get("destination_kind", "posix"), job, options),
             scratch_limit=_scratch_limit(job, spec),
         )
-
-    def _options(self, kind: str, job: JobRow, directive: dict[str, str]) -> BackendOptions | None:
-        """One side's backend options (its settings, the owner's mapped credentials)."""
-        return movers.options_for(kind, self.config.backend_settings, job.uid or 0, directive)
 
 
 def _order_of(req: Request) -> tuple[float, float]:

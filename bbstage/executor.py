@@ -24,6 +24,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -32,14 +33,18 @@ from dataclasses import dataclass, field
 from multiprocessing import forkserver
 from typing import Any
 
+import structlog
+
 from bbstage import codec, fairshare, movers, stall, worker
-from bbstage.identity import Identity
+from bbstage.identity import Identity, unlink_as
 from bbstage.movers import Cancelled, TransferError
-from bbstage.transfer import Done, Event, Failed, TempFile, TempsSettled, TransferSpec
+from bbstage.transfer import Done, Event, Failed, TransferSpec, track_temps
 
 KILL_AFTER = 1.5  # seconds between SIGTERM and SIGKILL on cancel
 IDLE_RETIRE = 10.0  # seconds an idle worker is kept for its user's next transfer
 STALL_TIMEOUT = 300.0  # seconds without any event from a worker before it is stopped
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -351,23 +356,10 @@ class TransferExecutor:
 
     def _cleanup(self, temps: set[str], identity: Identity) -> None:
         leftovers = [p for p in temps if os.path.lexists(p)]
-        if leftovers:
-            proc = self._ctx.Process(target=worker.cleanup, args=(leftovers, identity))
-            proc.start()
-            proc.join(10)
-
-
-def track_temps(temps: set[str], event: Event) -> bool:
-    """Keep in ``temps`` the worker's temporary files that may exist: each from its
-    ``TempFile`` (sent before it is created) until its ``TempsSettled`` (sent after its
-    file was committed, so renamed, or removed). True if ``event`` was one of those two."""
-    if isinstance(event, TempFile):
-        temps.add(event.path)
-    elif isinstance(event, TempsSettled):
-        temps.difference_update(event.paths)
-    else:
-        return False
-    return True
+        try:
+            unlink_as(identity, leftovers, timeout=10)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("temporary files kept", files=len(leftovers), error=str(exc))
 
 
 def _reap(procs: list[Any]) -> None:

@@ -1,10 +1,15 @@
-"""Who a transfer runs as: the job owner's uid, gid and supplementary groups, never root."""
+"""Who a transfer runs as: the job owner's uid, gid and supplementary groups, never root;
+the environment a process started for them gets, and the one way root removes files as them.
+"""
 
 from __future__ import annotations
 
 import os
 import pwd
+import subprocess
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 CACHE_SECONDS = 60.0  # how long a resolved identity is reused, as nscd would
@@ -67,3 +72,38 @@ def user_env(uid: int, **extra: str) -> dict[str, str]:
     env = {"PATH": USER_PATH, "HOME": home, "LANG": "C.UTF-8"}
     env |= {k: v for k, v in os.environ.items() if k in _KEPT or k.startswith("LC_")}
     return env | extra
+
+
+# Run as the owner: unlink each NUL-separated path read from stdin. No bbstage import: the
+# interpreter starts with -I -S, so it needs no access to the install (nor a PYTHONPATH).
+_UNLINK = (
+    "import os, sys\n"
+    "for p in sys.stdin.buffer.read().split(b'\\0'):\n"
+    "    try:\n"
+    "        p and os.unlink(p)\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+
+
+def unlink_as(identity: Identity, paths: Sequence[str], timeout: float = 60.0) -> None:
+    """Remove ``paths`` as ``identity``, in a process the kernel starts as that user (root
+    must not unlink in directories the user controls: a path swapped for a link would make
+    root remove what the user could not). A path already gone, or not the user's to remove,
+    stays as it is. The one way root removes files as a user: the executor's for a killed
+    worker, the Dask task's for a failed child, and the leftover sweep's. Raises ``OSError``
+    or ``subprocess.SubprocessError`` if the process could not run or did not end well."""
+    if not paths:
+        return
+    subprocess.run(
+        [sys.executable, "-I", "-S", "-c", _UNLINK],
+        input=b"\0".join(os.fsencode(p) for p in paths),
+        user=identity.uid,
+        group=identity.gid,
+        extra_groups=list(identity.groups),
+        umask=0o077,
+        env=user_env(identity.uid),
+        cwd="/",
+        timeout=timeout,
+        check=True,
+    )

@@ -18,31 +18,19 @@ import os
 import pwd
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
 import structlog
 
 from bbstage import directives
-from bbstage.identity import Identity, IdentityError, user_env
+from bbstage.identity import Identity, IdentityError, unlink_as
 from bbstage.movers import localfs
 
 log = structlog.get_logger(__name__)
 
 LIMIT = 200_000  # directory entries read per teardown at most (a destination tree is big)
 SWEEP_EVERY = 30.0  # seconds between two sweeps of one job at least
-
-# Run as the owner: unlink each NUL-separated path read from stdin (no bbstage import:
-# the interpreter starts with -I -S, so the owner needs no access to the install).
-_UNLINK = (
-    "import os, sys\n"
-    "for p in sys.stdin.buffer.read().split(b'\\0'):\n"
-    "    try:\n"
-    "        p and os.unlink(p)\n"
-    "    except OSError:\n"
-    "        pass\n"
-)
 
 
 def places(script: str) -> list[tuple[str, bool]]:
@@ -109,17 +97,7 @@ def remove(by_owner: dict[int, list[str]], job_id: str) -> int:
                         reason=str(exc) or "unknown uid")  # fmt: skip
             continue
         try:
-            subprocess.run(
-                [sys.executable, "-I", "-S", "-c", _UNLINK],
-                input=b"\0".join(os.fsencode(p) for p in paths),
-                user=identity.uid,
-                group=identity.gid,
-                extra_groups=list(identity.groups),
-                umask=0o077,
-                env=user_env(identity.uid),
-                timeout=60,
-                check=True,
-            )
+            unlink_as(identity, paths)
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("leftovers kept", job_id=job_id, uid=uid, files=len(paths),
                         reason=str(exc))  # fmt: skip

@@ -14,27 +14,27 @@ from collections.abc import Callable, Iterable, Iterator
 
 from bbstage import counts, retrying
 from bbstage.movers import FileTask, Mover, TransferError, localfs
-from bbstage.transfer import Planned, ScratchLimit, Shard, TransferSpec
+from bbstage.transfer import FileRange, Planned, ScratchLimit, TransferSpec, TreeShard
 
 
 def plan(mover: Mover, spec: TransferSpec, cancel: threading.Event) -> Iterable[FileTask]:
     """The mover's plan of ``spec`` (a list, or a lazy walk read once); transient errors
     retried."""
-    return retrying.with_retries(  # type: ignore[no-any-return]
+    return retrying.FILE.run(  # type: ignore[no-any-return]
         lambda: mover.plan(spec.source, spec.destination, tree=spec.tree, glob=spec.glob),
         cancel,
     )
 
 
-def in_shard(dst: str, shard: Shard) -> bool:
+def in_shard(dst: str, shard: TreeShard) -> bool:
     """Whether the file at ``dst`` belongs to ``shard`` (a stable hash of the path)."""
     return zlib.crc32(os.fsencode(dst)) % shard.count == shard.index
 
 
-def only(tasks: Iterable[FileTask], shard: Shard | None) -> Iterable[FileTask]:
-    """The plan of one shard: every directory (each shard makes the ones it walks), and the
-    files and links of the shard."""
-    if shard is None or shard.count == 1:
+def only(tasks: Iterable[FileTask], shard: TreeShard | FileRange | None) -> Iterable[FileTask]:
+    """The plan of one shard of a tree: every directory (each shard makes the ones it walks),
+    and the files and links of the shard (all of them for anything but a ``TreeShard``)."""
+    if not isinstance(shard, TreeShard) or shard.count == 1:
         return tasks
     return (t for t in tasks if t.kind == "dir" or in_shard(t.dst, shard))
 
@@ -75,7 +75,7 @@ def entries(root: str) -> Iterator[os.DirEntry[str]]:
 def chosen(mover: Mover, tasks: Iterable[FileTask], spec: TransferSpec) -> Iterator[FileTask]:
     """What of the plan ``tasks`` ``spec`` copies: its shard's share (``only``), less what
     is in place or kept (``select``). The worker's walk and the walk's process both ask."""
-    return select(mover, only(tasks, spec.shard), spec.overwrite)
+    return select(mover, only(tasks, spec.part), spec.overwrite)
 
 
 def select(mover: Mover, tasks: Iterable[FileTask], overwrite: str) -> Iterator[FileTask]:
@@ -247,11 +247,13 @@ class Walk:
                         pass
 
 
-def remove_stale_temps(tasks: Iterable[FileTask], job_id: str, shard: Shard | None = None) -> int:
+def remove_stale_temps(
+    tasks: Iterable[FileTask], job_id: str, part: TreeShard | FileRange | None = None
+) -> int:
     """Remove the temporary files an earlier, killed attempt of this job left in the
     local destination directories of ``tasks`` (as the user); how many were removed.
-    With ``shard``, only those of its files (other shards may be copying beside it); with a
-    one-file ``shard`` (``group`` set), all but those of its group (its siblings' file).
+    With a ``TreeShard``, only those of its files (other shards may be copying beside it);
+    with a ``FileRange``, all but those of its group (its siblings' file).
     Each directory is read once per run of its entries (a walk keeps a directory's
     entries together), so nothing grows with the number of files."""
     pattern, removed, last = localfs.temp_pattern(job_id), 0, None
@@ -266,7 +268,7 @@ def remove_stale_temps(tasks: Iterable[FileTask], job_id: str, shard: Shard | No
             continue
         for name in names:
             path = os.path.join(parent, name)
-            if pattern.match(name) and _stale(path, shard):
+            if pattern.match(name) and _stale(path, part):
                 try:
                     os.unlink(path)
                     removed += 1
@@ -275,10 +277,10 @@ def remove_stale_temps(tasks: Iterable[FileTask], job_id: str, shard: Shard | No
     return removed
 
 
-def _stale(path: str, shard: Shard | None) -> bool:
-    """Is this job's temporary file ``path`` one ``shard``'s sweep removes?"""
-    if shard is None:
+def _stale(path: str, part: TreeShard | FileRange | None) -> bool:
+    """Is this job's temporary file ``path`` one ``part``'s sweep removes?"""
+    if part is None:
         return True
-    if shard.group:
-        return f"-{shard.group}." not in os.path.basename(path)
-    return in_shard(localfs.temp_owner(path), shard)
+    if isinstance(part, FileRange):
+        return f"-{part.group}." not in os.path.basename(path)
+    return in_shard(localfs.temp_owner(path), part)

@@ -1,5 +1,5 @@
 """One big file written by several transfer nodes at once, each a byte range (share ``i`` of
-``n`` of a single-file transfer: ``Shard`` with a ``group``), into one temporary file beside
+``n`` of a single-file transfer: a ``FileRange``), into one temporary file beside
 the destination on a shared POSIX file system, and put in place once, by whichever range
 ends last.
 
@@ -38,10 +38,10 @@ from collections.abc import Callable
 
 from bbstage.movers.base import FileTask, TransferError, os_error
 from bbstage.movers.localfs import temp_name
-from bbstage.transfer import Shard
+from bbstage.transfer import FileRange
 
 
-def span(part: Shard, size: int) -> tuple[int, int]:
+def span(part: FileRange, size: int) -> tuple[int, int]:
     """(offset, count) of ``part``'s share of ``size`` bytes: equal shares, the rest last."""
     step = size // part.count
     start = step * part.index
@@ -53,14 +53,14 @@ def temp_path(dst: str, job_id: str, group: str) -> str:
     return temp_name(dst, job_id, group)
 
 
-def marker_path(dst: str, job_id: str, part: Shard) -> str:
+def marker_path(dst: str, job_id: str, part: FileRange) -> str:
     return temp_name(dst, job_id, part.group, f".r{part.index}of{part.count}")
 
 
 def write_range(
     task: FileTask,
     job_id: str,
-    part: Shard,
+    part: FileRange,
     copy: Callable[[int, int, int], None],
     temp: Callable[[str], None] = lambda path: None,
 ) -> bool:
@@ -112,8 +112,10 @@ def _write_marker(path: str, identity: str) -> None:
         os.close(fd)
 
 
-def _markers(dst: str, job_id: str, part: Shard) -> list[str]:
-    return [marker_path(dst, job_id, Shard(i, part.count, part.group)) for i in range(part.count)]
+def _markers(dst: str, job_id: str, part: FileRange) -> list[str]:
+    return [
+        marker_path(dst, job_id, FileRange(i, part.count, part.group)) for i in range(part.count)
+    ]
 
 
 def _made_again(task: FileTask) -> TransferError:
@@ -124,7 +126,7 @@ def _made_again(task: FileTask) -> TransferError:
     )
 
 
-def _put_in_place(task: FileTask, job_id: str, part: Shard, fd: int, identity: str) -> bool:
+def _put_in_place(task: FileTask, job_id: str, part: FileRange, fd: int, identity: str) -> bool:
     markers = _markers(task.dst, job_id, part)
     seen = [_read_marker(m) for m in markers]
     if any(s is None for s in seen):

@@ -1,5 +1,5 @@
 """Durable job and directive state in SQLite (WAL), keyed by (job id, directive index), and
-the attempts of each directive's transfer on transfer nodes (``[movers] engine = "dask"``)."""
+the attempts of each directive's transfer on transfer nodes (``[movers] executor = "dask"``)."""
 
 from __future__ import annotations
 

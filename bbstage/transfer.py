@@ -1,23 +1,26 @@
 """What crosses from the engine to a worker and back: one typed spec, six typed events.
 
-The engine builds a ``TransferSpec`` from a directive (``Engine._spec``; tools and tests use
-``TransferSpec.between``); the executor hands it to a worker process, which answers with
-events: ``Planned`` (the plan so far, now and then while the source is walked — the walk runs
-a bounded window ahead of the copy, so a tree is never held whole — and once ``final`` when
-the walk has ended), ``Moved`` now and then, ``TempFile`` for each named temporary file
-before it is created and ``TempsSettled`` in batches once they were renamed or removed, and
-one outcome, ``Done`` (the manifest of what it put in place, always after the final
-``Planned``) or ``Failed``. All are frozen dataclasses of plain values; the events come back
-to root through ``bbstage.codec`` (typed JSON, never a pickle: a worker runs as the user).
-An executor that runs attempts on transfer nodes (Dask) also tells the engine about each
+A ``TransferSpec`` is built from a directive in one place, ``TransferSpec.of_directive``
+(the engine's, and ``bbstage bench``'s; tests use ``TransferSpec.between``); the executor
+hands it to a worker process, which answers with events: ``Planned`` (the plan so far, now
+and then while the source is walked — the walk runs a bounded window ahead of the copy, so
+a tree is never held whole — and once ``final`` when the walk has ended), ``Moved`` now and
+then, ``TempFile`` for each named temporary file before it is created and ``TempsSettled``
+in batches once they were renamed or removed, and one outcome, ``Done`` (the manifest of
+what it put in place, always after the final ``Planned``) or ``Failed``. All are frozen
+dataclasses of plain values; the events come back to root through ``bbstage.codec`` (typed
+JSON, never a pickle: a worker runs as the user). An executor that runs attempts on
+transfer nodes (Dask) also tells the engine about each
 with ``AttemptUpdate``, which no worker sends.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from bbstage import movers
 from bbstage.movers.base import BackendOptions
 
 Overwrite = Literal["always", "never", "newer"]
@@ -32,18 +35,25 @@ class ScratchLimit:
 
 
 @dataclass(frozen=True)
-class Shard:
-    """Share ``index`` of ``count`` of a transfer; shares run on different nodes at once.
-
-    Of a tree: the files whose destination path hashes to ``index``
-    (``bbstage.planning.in_shard``); every share walks the whole tree and makes its
-    directories. Of one file (``group`` set): its byte range ``index`` (``bbstage.ranges``),
-    written into one temporary file that the submission's shares (``group``: its id, 8 hex
-    digits) share; a file under ``min_size`` bytes is copied whole by share 0 alone."""
+class TreeShard:
+    """Shard ``index`` of ``count`` of a tree, run on one node while the others run theirs:
+    the files whose destination path hashes to ``index`` (``bbstage.planning.in_shard``);
+    every shard walks the whole tree and makes its directories."""
 
     index: int
     count: int
-    group: str = ""
+
+
+@dataclass(frozen=True)
+class FileRange:
+    """Byte range ``index`` of ``count`` of one file, run on one node while the others run
+    theirs (``bbstage.ranges``; to a store that assembles pieces: ``Mover.copy_share``),
+    written into one temporary file that the submission's ranges share (``group``: its id,
+    8 hex digits); a file under ``min_size`` bytes is copied whole by range 0 alone."""
+
+    index: int
+    count: int
+    group: str
     min_size: int = 0
 
 
@@ -68,7 +78,50 @@ class TransferSpec:
     destination_options: BackendOptions | None = None
     scratch_limit: ScratchLimit | None = None
     resumed: bool = False  # an earlier attempt may have left temporary files behind
-    shard: Shard | None = None  # only this share of a tree's files (split across nodes)
+    # Only this part of the transfer, the others running on other nodes (Dask): a shard of
+    # a tree's files, or a byte range of one file.
+    part: TreeShard | FileRange | None = None
+
+    @classmethod
+    def of_directive(
+        cls,
+        job_id: str,
+        directive: Mapping[str, Any],
+        *,
+        uid: int,
+        backend_settings: Mapping[str, dict[str, Any]],
+        threads: int,
+        chunk_size: int,
+        scratch_limit: ScratchLimit | None = None,
+    ) -> TransferSpec:
+        """The one builder of a directive's transfer: ``directive`` as ``bbstage.directives``
+        parses it (``source``/``destination`` with ``$BB_SCRATCH`` already resolved, their
+        kinds, ``tree``, ``glob``, ``options``), and each side's backend options for the
+        owner ``uid`` from the site's ``backend_settings`` (``movers.options_for``: the
+        settings, the owner's mapped credentials; never the account table)."""
+        options = directive.get("options", {})
+        source_kind = directive.get("source_kind", "posix")
+        destination_kind = directive.get("destination_kind", "posix")
+
+        def side(kind: str) -> BackendOptions | None:
+            return movers.options_for(kind, backend_settings, uid, options)
+
+        return cls(
+            job_id=job_id,
+            source=directive["source"],
+            destination=directive["destination"],
+            source_kind=source_kind,
+            destination_kind=destination_kind,
+            tree=bool(directive.get("tree")),
+            glob=bool(directive.get("glob")),
+            checksum=options.get("checksum", "none"),
+            overwrite=cast(Overwrite, options.get("overwrite", "always")),
+            threads=threads,
+            chunk_size=chunk_size,
+            source_options=side(source_kind),
+            destination_options=side(destination_kind),
+            scratch_limit=scratch_limit,
+        )
 
     @classmethod
     def between(cls, source: str, destination: str, **fields: Any) -> TransferSpec:
@@ -171,3 +224,16 @@ class AttemptUpdate:
     bytes: int = 0
     files: int = 0
     error: str = ""
+
+
+def track_temps(temps: set[str], event: Event) -> bool:
+    """Keep in ``temps`` the worker's temporary files that may exist: each from its
+    ``TempFile`` (sent before it is created) until its ``TempsSettled`` (sent after its
+    file was committed, so renamed, or removed). True if ``event`` was one of those two."""
+    if isinstance(event, TempFile):
+        temps.add(event.path)
+    elif isinstance(event, TempsSettled):
+        temps.difference_update(event.paths)
+    else:
+        return False
+    return True

@@ -6,7 +6,7 @@ on both CPUs. The process is a fresh interpreter (``python -m bbstage.walkproc``
 by the worker, so with the user's identity), not a fork of the worker, whose pages its RSS
 would count a second time. Over its stdin and stdout, in frames (length, kind, body):
 
-* in: the ``Request`` (``pickle``), then one byte per chunk the copy has taken: a credit, so
+* in: the ``WalkRequest`` (``pickle``), then one byte per chunk the copy has taken: a credit, so
   the walk stays as far ahead of the copy as a thread's would (``planning.WINDOWS``);
 * out: ``C`` a chunk of the plan (``marshal``\\ ed tuples), ``P`` the counts (``Planned``),
   ``E`` the walk's error (message, permanent), ``.`` the end.
@@ -28,7 +28,7 @@ from typing import IO
 from bbstage import movers, planning, retrying
 from bbstage.identity import user_env
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
-from bbstage.transfer import Planned, TransferSpec
+from bbstage.transfer import FileRange, Planned, TransferSpec
 
 COMMAND = [sys.executable, "-s", "-m", "bbstage.walkproc"]  # the walk's process
 _HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where bbstage is
@@ -37,7 +37,7 @@ _OWED = planning.WINDOWS - 2  # chunks the walk may hand on that the copy has no
 
 
 @dataclass(frozen=True)
-class Request:
+class WalkRequest:
     """What the walk's process walks: ``spec``'s plan, as the worker would select it."""
 
     spec: TransferSpec
@@ -52,7 +52,7 @@ def wanted(mover: Mover, spec: TransferSpec) -> bool:
     glob, not a share of one file) of more than ``MANY`` entries."""
     if not (mover.walk_apart and spec.tree and not spec.glob):
         return False
-    if spec.shard is not None and spec.shard.group:
+    if isinstance(spec.part, FileRange):
         return False
     return _more_than(spec.source, MANY)
 
@@ -69,7 +69,7 @@ def _more_than(root: str, limit: int) -> bool:
 class WalkApart:
     """The worker's side: a ``planning.Walk`` whose walk runs in the walk's process."""
 
-    def __init__(self, request: Request, send: Callable[[Planned], None]) -> None:
+    def __init__(self, request: WalkRequest, send: Callable[[Planned], None]) -> None:
         self.request, self.send = request, send
 
     def __enter__(self) -> WalkApart:
@@ -126,13 +126,13 @@ def own_pythonpath() -> str:
 class _Sending(planning.Walk):
     """The walk's process's side: ``planning.Walk.walk``, handing chunks to stdout."""
 
-    def __init__(self, request: Request, out: IO[bytes], credits: IO[bytes]) -> None:
+    def __init__(self, request: WalkRequest, out: IO[bytes], credits: IO[bytes]) -> None:
         spec, cancel = request.spec, threading.Event()
         mover = movers.get(spec.source_kind, spec.destination_kind)(request.options)
         chosen = planning.chosen(mover, planning.plan(mover, spec, cancel), spec)
 
         def make_dir(task: FileTask) -> None:
-            retrying.with_retries(lambda: mover.copy(task, _NO_PROGRESS, cancel), cancel)
+            retrying.FILE.run(lambda: mover.copy(task, _NO_PROGRESS, cancel), cancel)
 
         super().__init__(
             mover,

@@ -29,6 +29,7 @@ from bbstage.transfer import (
     Done,
     Event,
     Failed,
+    FileRange,
     Moved,
     Planned,
     TempFile,
@@ -46,7 +47,8 @@ _WATCH_EVERY = 0.5  # seconds between checks that the daemon still runs
 
 
 class Sink(Protocol):
-    """Where a worker's events go: the pipe to the executor, or a stand-in (remote, tests)."""
+    """Where a worker's events go: the pipe to the executor, or a stand-in (the Dask
+    child's lines in dask_task.py, tests)."""
 
     def send(self, event: Event) -> None: ...
 
@@ -228,11 +230,11 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
         tasks = planning.plan(mover, spec, cancel)
         again = isinstance(tasks, Sequence)  # a list is read again; a walk is started anew
         budget = None
-        if spec.shard is not None and spec.shard.group:
-            return _copy_share(mover, list(tasks), spec, reporter, cancel)
+        if isinstance(spec.part, FileRange):
+            return _copy_range(mover, list(tasks), spec.part, spec, reporter, cancel)
         # First passes, before anything is copied; they keep counts, never the plan.
         if spec.resumed:
-            planning.remove_stale_temps(tasks, spec.job_id, spec.shard)
+            planning.remove_stale_temps(tasks, spec.job_id, spec.part)
             tasks = tasks if again else planning.plan(mover, spec, cancel)
         if spec.scratch_limit is not None:  # the whole tree must fit, whichever the shard
             chosen = planning.select(mover, tasks, spec.overwrite)
@@ -241,50 +243,47 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
         chosen = planning.chosen(mover, tasks, spec)
         apart = None
         if walkproc.wanted(mover, spec):  # its process plans and selects on its own
-            apart = walkproc.Request(spec, options, budget, READ_AHEAD_FILES, READ_AHEAD_BYTES)
+            apart = walkproc.WalkRequest(spec, options, budget, READ_AHEAD_FILES, READ_AHEAD_BYTES)
         _copy_all(mover, chosen, reporter, cancel, None, budget, apart)
     finally:
         mover.close()
 
 
-def _copy_share(
+def _copy_range(
     mover: Mover,
     plan: list[FileTask],
+    part: FileRange,
     spec: TransferSpec,
     reporter: Reporter,
     cancel: threading.Event,
 ) -> None:
-    """Share ``spec.shard`` of a one-file transfer: its byte range of a file of at least
-    ``min_size`` bytes (``bbstage.ranges``; to a store that assembles pieces: ``copy_share``);
-    anything else (a smaller file, a link, a file already in place, a transfer with
-    ``checksum=``) share 0 copies whole, alone."""
-    shard = spec.shard
-    assert shard is not None
+    """Range ``part`` of a one-file transfer: its bytes of a file of at least ``min_size``
+    bytes (``bbstage.ranges``; to a store that assembles pieces: ``copy_share``); anything
+    else (a smaller file, a link, a file already in place, a transfer with ``checksum=``)
+    range 0 copies whole, alone."""
     if spec.resumed:
-        planning.remove_stale_temps(plan, spec.job_id, shard)
+        planning.remove_stale_temps(plan, spec.job_id, part)
     chosen = list(planning.select(mover, plan, spec.overwrite))
     if spec.scratch_limit is not None:
         planning.check_capacity(chosen, spec.scratch_limit)
     task = chosen[0] if len(chosen) == 1 else None
-    least = max(shard.min_size, mover.min_share * shard.count)
+    least = max(part.min_size, mover.min_share * part.count)
     if task is None or task.kind != "file" or task.size < least or spec.checksum != "none":
-        if shard.index == 0:
+        if part.index == 0:
             return _copy_all(mover, chosen, reporter, cancel)
         reporter.send(Planned(0, 0))
         return
-    offset, count = ranges.span(shard, task.size)
-    files = 1 if shard.index == 0 else 0
+    offset, count = ranges.span(part, task.size)
+    files = 1 if part.index == 0 else 0
     reporter.send(Planned(count, files))
 
     def copy(fd: int, start: int, n: int) -> None:
-        retrying.with_retries(
-            lambda: mover.copy_range(task, fd, start, n, reporter, cancel), cancel
-        )
+        retrying.FILE.run(lambda: mover.copy_range(task, fd, start, n, reporter, cancel), cancel)
 
-    if movers.backend(spec.destination_kind).assembles_pieces:  # joined by the last share
-        mover.copy_share(task, spec.job_id, shard, reporter, cancel)
+    if movers.backend(spec.destination_kind).assembles_pieces:  # joined by the last range
+        mover.copy_share(task, spec.job_id, part, reporter, cancel)
     else:
-        ranges.write_range(task, spec.job_id, shard, copy, reporter.temp)
+        ranges.write_range(task, spec.job_id, part, copy, reporter.temp)
     reporter.range_done(task, count, files)
 
 
@@ -295,7 +294,7 @@ def _copy_all(
     cancel: threading.Event,
     threads: int | None = None,
     budget: int | None = None,
-    apart: walkproc.Request | None = None,
+    apart: walkproc.WalkRequest | None = None,
 ) -> None:
     """Copy the plan as it is walked (``planning.Walk``; with ``apart``, in the walk's
     process, ``walkproc.WalkApart``, which plans on its own, ``tasks`` unread): directories
@@ -307,7 +306,7 @@ def _copy_all(
     batched = type(mover).copy_many is not Mover.copy_many
 
     def make_dir(task: FileTask) -> None:
-        retrying.with_retries(lambda: mover.copy(task, reporter, cancel), cancel)
+        retrying.FILE.run(lambda: mover.copy(task, reporter, cancel), cancel)
 
     walk: planning.Walk | walkproc.WalkApart
     if apart is not None:
@@ -362,7 +361,7 @@ def _copy_threads(
                 if task is None:
                     return
                 started = time.perf_counter()
-                retrying.with_retries(lambda t=task: mover.copy(t, reporter, cancel), cancel)
+                retrying.FILE.run(lambda t=task: mover.copy(t, reporter, cancel), cancel)
                 if task.kind == "file":
                     reporter.file_done(task, time.perf_counter() - started)
             except BaseException as exc:
@@ -420,27 +419,16 @@ def _copy_batch(
         if task.kind == "file":
             reporter.file_done(task)
 
-    delay = 0.2
-    for attempt in range(retrying.RETRIES + 1):
+    waits = retrying.FILE.waits()  # the batch is one step: its failed entries are tried again
+    while True:
         failed = mover.copy_many(tasks, reporter, cancel, done)
         if not failed:
             return
         errors = list(failed.values())
         permanent = [e for e in errors if e.permanent]
-        if permanent or attempt == retrying.RETRIES or cancel.is_set():
+        delay = next(waits, None)
+        if permanent or delay is None or cancel.is_set():
             raise (permanent or errors)[0]
         if cancel.wait(delay):
             raise movers.Cancelled()
-        delay = min(delay * 2, retrying.BACKOFF_CAP)
         tasks = list(failed)
-
-
-def cleanup(paths: list[str], identity: Identity) -> None:
-    """Remove temporary files left by a killed worker, as the user who wrote them."""
-    _close_roots_pipes()
-    identity.assume()
-    for path in paths:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass

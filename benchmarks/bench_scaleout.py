@@ -198,7 +198,7 @@ def run_case(
 def dask_movers(env: dict[str, str]) -> Movers:
     tls = Path(env["BBSTAGE_MOVERS_TLS"])
     return Movers(
-        engine="dask",
+        executor="dask",
         scheduler=env["BBSTAGE_MOVERS_SCHEDULER"],
         tls_ca_file=tls / "ca.pem",
         tls_cert=tls / "client.pem",

@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
         )
         result: dict[str, Any]
         with log.quiet():  # stdout is the result's
-            if args.engine == "dask":
+            if args.executor == "dask":
                 result = bench_dask(opts, args.as_user)
             else:
                 result = bench_as(opts, args.as_user) if args.as_user else bench(opts)

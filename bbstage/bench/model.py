@@ -80,7 +80,7 @@ class Options:
     profile: str | None = None
     config: Config = field(default_factory=Config)
     progress: bool = True
-    # Runs our timed transfer elsewhere (``--engine dask``: ``bbstage.bench.run.Relay``,
+    # Runs our timed transfer elsewhere (``--executor dask``: ``bbstage.bench.run.Relay``,
     # to the transfer nodes); None: in this process.
     runner: Any = None
 

@@ -1,5 +1,6 @@
 """Our contender: the transfer as a job would run it, through :func:`bbstage.worker.run` with
-a spec built like ``Engine._spec`` builds one (same planning, concurrency, movers, retries)."""
+a spec built as the engine builds one, by ``TransferSpec.of_directive`` (same planning,
+concurrency, movers, retries)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from bbstage import movers, worker
+from bbstage import worker
 from bbstage.bench.model import BenchError, Plan, Run
 from bbstage.config import Config, Movers
 from bbstage.identity import Identity
-from bbstage.movers import BackendOptions, FileTask
+from bbstage.movers import FileTask
 from bbstage.transfer import AttemptUpdate, Done, Moved, Planned, TransferSpec
 
 SAMPLE_EVERY = 0.1  # seconds between throughput samples
@@ -68,32 +69,31 @@ def make_spec(
     checksum: str = "none",
     profile: str | None = None,
 ) -> TransferSpec:
-    """A transfer spec as ``Engine._spec`` builds it for a directive."""
-    return TransferSpec(
-        job_id=f"bench-{os.getpid()}",
-        source=source,
-        destination=destination,
-        source_kind=source_kind,
-        destination_kind=destination_kind,
-        tree=tree,
-        checksum=checksum,
-        overwrite="always",
+    """A transfer spec built as the engine builds a directive's (``TransferSpec.of_directive``),
+    with the caller's mapped credentials (bench runs as the admin who calls it)."""
+    options = {"checksum": checksum, "overwrite": "always"}
+    if profile:
+        options["profile"] = profile
+    directive = {
+        "source": source,
+        "destination": destination,
+        "source_kind": source_kind,
+        "destination_kind": destination_kind,
+        "tree": tree,
+        "options": options,
+    }
+    return TransferSpec.of_directive(
+        f"bench-{os.getpid()}",
+        directive,
+        uid=os.getuid(),
+        backend_settings=config.backend_settings,
         threads=config.threads_per_transfer,
         chunk_size=config.chunk_size,
-        # As the engine builds it: the account table never crosses to the worker; the
-        # caller's mapped credentials do (bench runs as the admin who calls it).
-        source_options=_options(source_kind, config, profile),
-        destination_options=_options(destination_kind, config, profile),
     )
 
 
-def _options(kind: str, config: Config, profile: str | None) -> BackendOptions | None:
-    directive = {"profile": profile} if profile else {}
-    return movers.options_for(kind, config.backend_settings, os.getuid(), directive)
-
-
 class DaskRunner:
-    """Our transfer submitted to the configured Dask cluster (``bbstage bench --engine
+    """Our transfer submitted to the configured Dask cluster (``bbstage bench --executor
     dask``) as ``owner``, through the executor the daemon uses: the nodes copy, split
     into shards or ranges as a job's transfer is. ``nodes``: where attempts ran."""
 

@@ -173,7 +173,7 @@ class Mover(ABC):
     def copy_share(
         self, task: FileTask, job_id: str, shard: Any, progress: Progress, cancel: threading.Event
     ) -> None:
-        """Copy share ``shard`` (a ``bbstage.transfer.Shard`` with a group) of one file, for
+        """Copy range ``shard`` (a ``bbstage.transfer.FileRange``) of one file, for
         destinations that assemble a file themselves (S3: pieces, joined on the server).
         Optional: local destinations use ``copy_range`` and ``bbstage.ranges`` instead."""
         raise TransferError(f"{type(self).__name__} does not copy shares of a file")

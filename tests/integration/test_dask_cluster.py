@@ -2,7 +2,7 @@
 scheduler and two rate-capped workers, each in a network namespace of its own, mutual TLS.
 
 The module runs once per Slurm generation: it switches that shared cluster's daemon to
-``engine = "dask"`` (``up --movers 2``) and back to the local engine when it ends.
+``executor = "dask"`` (``up --movers 2``) and back to the local engine when it ends.
 Run it under the cluster lock:
 ``flock -w 1800 /tmp/bbstage-cluster.lock .venv/bin/pytest tests/integration/test_dask_cluster.py``.
 """
@@ -51,7 +51,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         )
         env.update(re.findall(r"export (\w+)=(\S+)", movers.stdout))
         conf = Path(env["BBSTAGE_CONFIG"]).read_text()
-        assert 'engine = "dask"' in conf, conf
+        assert 'executor = "dask"' in conf, conf
         yield Cluster(env, Path(env["BBSTAGE_CLUSTER_DIR"]), version)
     finally:
         # the cluster is shared: back to the local engine
@@ -110,13 +110,13 @@ def attempts_accounted(cluster: Cluster, job: str) -> list[dict[str, Any]]:
 
 
 def copies(uid: int) -> list[int]:
-    """Processes of ``uid`` running a remote copy (``python -m bbstage.remote``)."""
+    """Processes of ``uid`` running a remote copy (``python -m bbstage.dask_task``)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if (
                 os.stat(f"/proc/{pid}").st_uid == uid
-                and b"bbstage.remote" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                and b"bbstage.dask_task" in Path(f"/proc/{pid}/cmdline").read_bytes()
             ):
                 found.append(int(pid))
         except OSError:
@@ -465,13 +465,13 @@ def test_a_daemon_killed_mid_transfer_leaves_a_complete_verified_job(
 
 
 def test_bench_with_the_dask_engine_measures_the_nodes(cluster: Cluster, workdir: Path) -> None:
-    """``bbstage bench --engine dask`` (root, the daemon's [movers] configuration): the
+    """``bbstage bench --executor dask`` (root, the daemon's [movers] configuration): the
     data set is the user's, every node copies a shard of it, cp -r runs here for reference."""
     for side in ("s", "d"):
         (workdir / side).mkdir()
     as_user(workdir)
     proc = cluster.bbstage(
-        "bench", "--engine", "dask", "--as-user", USER,
+        "bench", "--executor", "dask", "--as-user", USER,
         "--source", str(workdir / "s"), "--destination", str(workdir / "d"),
         "--files", "60", "--file-size", "256K", "--json", "--quiet",
         user=None,
@@ -481,7 +481,7 @@ def test_bench_with_the_dask_engine_measures_the_nodes(cluster: Cluster, workdir
     assert set(out["engine"]["nodes"]) == DTNS, out["engine"]
     assert (out["files"], out["total_bytes"]) == (60, 60 * (256 << 10))
     assert out["mb_per_s"] > 0 and "cp" in out["baselines"]
-    print(f"bench --engine dask: {out['mb_per_s']:.1f} MB/s on {sorted(DTNS)};"
+    print(f"bench --executor dask: {out['mb_per_s']:.1f} MB/s on {sorted(DTNS)};"
           f" cp -r here {out['baselines']['cp']['mb_per_s']:.1f} MB/s")  # fmt: skip
 
 
@@ -496,7 +496,7 @@ def test_bench_with_the_dask_engine_measures_s3_downloads_through_the_nodes(
     (workdir / "d").mkdir()
     as_user(workdir)
     proc = cluster.bbstage(
-        "bench", "--engine", "dask", "--as-user", USER, "--source", f"s3://{bucket}/b",
+        "bench", "--executor", "dask", "--as-user", USER, "--source", f"s3://{bucket}/b",
         "--destination", str(workdir / "d"), "--files", "40", "--file-size", "1M", "--json",
         "--quiet",
         user=None,

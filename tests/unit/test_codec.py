@@ -1,6 +1,6 @@
 """The codec of the events a worker (the job's user) sends back to root: exact, typed,
 bounded; nothing unpickled. The executor's side is in test_executor.py; here the codec
-itself and the Dask child's lines (``remote.run_child``, no Dask needed)."""
+itself and the Dask child's lines (``dask_task.run_child``, no Dask needed)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import codec, remote
+from bbstage import codec, dask_task
 from bbstage.identity import Identity
 from bbstage.transfer import Done, Failed, Moved, Planned, TempFile, TempsSettled, TransferSpec
 
@@ -87,12 +87,12 @@ def test_a_long_event_is_sent_in_frames_within_the_bound() -> None:
 
 
 def _fake_child(area: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
-    """``remote.run_child`` starts this shell script (as the user) instead of
-    ``python -m bbstage.remote``: a child the user took over."""
+    """``dask_task.run_child`` starts this shell script (as the user) instead of
+    ``python -m bbstage.dask_task``: a child the user took over."""
     path = area / "child"
     path.write_text(f"#!/bin/sh\ncat >/dev/null\n{script}\n")
     path.chmod(0o755)
-    monkeypatch.setattr(remote.sys, "executable", str(path))
+    monkeypatch.setattr(dask_task.sys, "executable", str(path))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the child drops from root to a user")
@@ -111,7 +111,7 @@ def test_a_dask_child_that_sends_anything_but_exact_events_fails_its_attempt(
 ) -> None:
     _fake_child(area, monkeypatch, script)
     sent: list[object] = []
-    outcome, planned = remote.run_child(
+    outcome, planned = dask_task.run_child(
         TransferSpec.between(str(area / "in"), str(area / "out")),
         NOBODY,
         sent.append,
@@ -133,7 +133,7 @@ def test_root_reads_at_most_one_frame_of_a_line_that_never_ends(
         monkeypatch,
         'head -c 8000000 /dev/zero | tr \'\\0\' x; touch "$(dirname "$0")/read-to-the-end"',
     )
-    outcome, _ = remote.run_child(
+    outcome, _ = dask_task.run_child(
         TransferSpec.between(str(area / "in"), str(area / "out")),
         NOBODY,
         lambda event: None,
@@ -141,3 +141,49 @@ def test_root_reads_at_most_one_frame_of_a_line_that_never_ends(
     )
     assert isinstance(outcome, Failed) and "a line over 1048576 bytes" in outcome.message
     assert not (area / "read-to-the-end").exists()
+
+
+class _Trap:
+    """A pickle whose loading makes a directory: proof that it was unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.mkdir, (self.path,))
+
+
+@pytest.mark.parametrize("sends", ["pickle", "run-pickle", "run-extra-field", "run-other-job"])
+def test_bench_as_user_never_unpickles_what_its_child_sends(
+    sends: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bbstage bench --as-user``: root reads its child (the user) as JSON arrays only; a
+    pickle, or a relayed transfer that is not exactly the directive's fields, is refused and
+    nothing of it runs in root."""
+    from multiprocessing.connection import Connection
+
+    from bbstage import config
+    from bbstage.bench import run
+    from bbstage.bench.model import BenchError, Options
+
+    trap = tmp_path / "unpickled-in-root"
+    fields = {"job_id": "bench-1", "source": "/a", "destination": "/b", "source_kind": "posix",
+              "destination_kind": "posix", "tree": False, "glob": False, "checksum": "none",
+              "overwrite": "always", "profile": None}  # fmt: skip
+    messages = {
+        "pickle": lambda conn: conn.send(("ok", _Trap(str(trap)))),
+        "run-pickle": lambda conn: conn.send(("run", _Trap(str(trap)))),
+        "run-extra-field": lambda conn: run._send(conn, "run", fields | {"shard": 1}),
+        "run-other-job": lambda conn: run._send(conn, "run", fields | {"job_id": "42"}),
+    }
+
+    def hostile(conn: Connection, opts: Options, identity: Identity) -> None:
+        messages[sends](conn)
+        conn.close()
+
+    monkeypatch.setattr(run, "_child", hostile)
+    opts = Options(source="/a", destination="/b", plan=[], config=config.Config())
+    relayed: list[TransferSpec] = []
+    with pytest.raises(BenchError, match="refused|bad|another job"):
+        run.bench_as(opts, "nobody", runner=lambda spec, *_: relayed.append(spec))
+    assert not trap.exists() and relayed == []

@@ -42,7 +42,7 @@ def test_a_client_not_connected_for_give_up_seconds_is_given_up_then_replaced(
     monkeypatch.setattr(distributed, "Client", new_client)
     given = FakeClient()
     up: list[Any] = []
-    conn = Connection(config.Movers(engine="dask"), given, set, up.append)
+    conn = Connection(config.Movers(executor="dask"), given, set, up.append)
     try:
         assert conn.client() is given
         given.status = "connecting"  # and there it stays
@@ -61,7 +61,7 @@ def test_a_client_not_connected_for_give_up_seconds_is_given_up_then_replaced(
 def test_a_client_that_reconnects_in_time_is_kept() -> None:
     client = FakeClient("connecting")
     up: list[Any] = []
-    conn = Connection(config.Movers(engine="dask"), client, set, up.append)
+    conn = Connection(config.Movers(executor="dask"), client, set, up.append)
     conn.client()
     time.sleep(0.2)
     client.status = "running"
@@ -73,7 +73,7 @@ def test_a_client_that_reconnects_in_time_is_kept() -> None:
 def test_the_clients_of_running_attempts_are_watched_too() -> None:
     old, current = FakeClient("connecting"), FakeClient()
     up: list[Any] = []
-    conn = Connection(config.Movers(engine="dask"), current, lambda: {old}, up.append)
+    conn = Connection(config.Movers(executor="dask"), current, lambda: {old}, up.append)
     conn.client()
     time.sleep(0.5)
     conn.close()
@@ -82,7 +82,7 @@ def test_the_clients_of_running_attempts_are_watched_too() -> None:
 
 def test_close_stops_the_watcher() -> None:
     before = watchers()
-    conn = Connection(config.Movers(engine="dask"), FakeClient(), set, print)
+    conn = Connection(config.Movers(executor="dask"), FakeClient(), set, print)
     conn.client()
     (mine,) = watchers() - before
     conn.close()
@@ -102,7 +102,7 @@ def test_connected() -> None:
 def test_ready_waits_for_the_client_to_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dask_client, "READY_EVERY", 0.01)
     client = FakeClient("connecting")
-    conn = Connection(config.Movers(engine="dask"), client, set, print)
+    conn = Connection(config.Movers(executor="dask"), client, set, print)
     threading.Timer(0.1, lambda: setattr(client, "status", "running")).start()
     try:
         assert conn.ready(lambda: False) is client
@@ -112,7 +112,7 @@ def test_ready_waits_for_the_client_to_connect(monkeypatch: pytest.MonkeyPatch) 
 
 def test_ready_gives_up_when_told_to_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dask_client, "READY_EVERY", 0.01)
-    conn = Connection(config.Movers(engine="dask"), FakeClient("connecting"), set, print)
+    conn = Connection(config.Movers(executor="dask"), FakeClient("connecting"), set, print)
     try:
         with pytest.raises(ConnectionError, match="connecting"):
             conn.ready(lambda: True)

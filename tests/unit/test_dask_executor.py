@@ -18,7 +18,7 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from bbstage import config, remote  # noqa: E402
+from bbstage import config, dask_task  # noqa: E402
 from bbstage.dask_executor import DaskExecutor, _Attempt  # noqa: E402
 from bbstage.identity import Identity  # noqa: E402
 from bbstage.movers import Cancelled, TransferError  # noqa: E402
@@ -50,7 +50,7 @@ def client() -> Iterator[Any]:
 
 @pytest.fixture
 def executor(client: Any) -> Iterator[DaskExecutor]:
-    ex = DaskExecutor(config.Movers(engine="dask"), 4, client=client)
+    ex = DaskExecutor(config.Movers(executor="dask"), 4, client=client)
     yield ex
     for key in list(ex._attempts):
         ex.cancel(key)
@@ -70,13 +70,13 @@ def partial(area: Path) -> list[Path]:
 
 
 def children(uid: int) -> list[int]:
-    """Processes of ``uid`` running ``bbstage.remote``."""
+    """Processes of ``uid`` running ``bbstage.dask_task``."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.stat(f"/proc/{pid}").st_uid != uid:
                 continue
-            if b"bbstage.remote" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"bbstage.dask_task" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(int(pid))
         except OSError:
             pass
@@ -211,7 +211,7 @@ def test_run_child_returns_the_outcome_and_forwards_plan_and_progress(area: Path
     src.write_bytes(b"abc")
     src.chmod(0o644)
     sent: list[Any] = []
-    outcome, planned = remote.run_child(
+    outcome, planned = dask_task.run_child(
         TransferSpec.between(str(src), str(area / "out")), NOBODY, sent.append, lambda: False
     )
     assert outcome == Done(3, 1) and planned == Planned(3, 1)
@@ -220,14 +220,27 @@ def test_run_child_returns_the_outcome_and_forwards_plan_and_progress(area: Path
 
 def test_dask_needs_mutual_tls_in_the_config() -> None:
     with pytest.raises(config.ConfigError, match=r"\[movers\] scheduler: .*tls://"):
-        config.from_dict({"movers": {"engine": "dask", "scheduler": "tcp://10.0.0.1:8786"}})
+        config.from_dict({"movers": {"executor": "dask", "scheduler": "tcp://10.0.0.1:8786"}})
     with pytest.raises(config.ConfigError, match=r"\[movers\] tls_cert: required"):
         config.from_dict(
-            {"movers": {"engine": "dask", "scheduler": "tls://h:1", "tls_ca_file": "/ca"}}
+            {"movers": {"executor": "dask", "scheduler": "tls://h:1", "tls_ca_file": "/ca"}}
         )
-    with pytest.raises(config.ConfigError, match=r"\[movers\] engine: 'ray'"):
+    with pytest.raises(config.ConfigError, match=r"\[movers\] executor: 'ray'"):
+        config.from_dict({"movers": {"executor": "ray"}})
+    assert config.from_dict({}).movers.executor == "local"
+
+
+def test_the_old_name_of_the_executor_key_is_read_and_told_deprecated() -> None:
+    """``[movers] engine`` (its name until 2026-11: sites have configs) still selects the
+    executor; the daemon logs ``deprecated`` at start. Both names at once are an error."""
+    old = config.from_dict({"movers": {"engine": "local"}}, source="/etc/b.toml")
+    assert old.movers.executor == "local"
+    assert old.deprecated == ("/etc/b.toml: [movers] engine is deprecated: write executor instead",)
+    with pytest.raises(config.ConfigError, match=r"\[movers\] executor: 'ray'"):
         config.from_dict({"movers": {"engine": "ray"}})
-    assert config.from_dict({}).movers.engine == "local"
+    with pytest.raises(config.ConfigError, match="old name of executor: keep one"):
+        config.from_dict({"movers": {"engine": "local", "executor": "local"}})
+    assert config.from_dict({"movers": {"executor": "local"}}).deprecated == ()
 
 
 def test_threads_are_not_left_behind(executor: DaskExecutor) -> None:
@@ -237,7 +250,7 @@ def test_threads_are_not_left_behind(executor: DaskExecutor) -> None:
 @pytest.fixture
 def split(client: Any) -> Iterator[DaskExecutor]:
     """An executor that splits every tree into 3 shards (on this one worker, in turn)."""
-    ex = DaskExecutor(config.Movers(engine="dask", shards=3, split_min=0), 4, client=client)
+    ex = DaskExecutor(config.Movers(executor="dask", shards=3, split_min=0), 4, client=client)
     yield ex
     for key in list(ex._attempts):
         ex.cancel(key)
@@ -272,7 +285,7 @@ def test_small_transfers_stay_one_task_big_ones_are_split(area: Path) -> None:
     workers = {"scheduler_info": lambda: {"workers": {f"w{i}": {"resources": {"dtn": 1}}
                                                        for i in range(3)}}}  # fmt: skip
     client = type("Client", (), {k: staticmethod(v) for k, v in workers.items()})()
-    ex = DaskExecutor(config.Movers(engine="dask", range_min=4 << 20, split_min=1 << 20))
+    ex = DaskExecutor(config.Movers(executor="dask", range_min=4 << 20, split_min=1 << 20))
     small = make_tree(area / "small", 10, 1000)
     big = make_tree(area / "big", 40, 64 << 10)
     (area / "f").write_bytes(os.urandom(4 << 20))
@@ -291,7 +304,7 @@ def test_small_transfers_stay_one_task_big_ones_are_split(area: Path) -> None:
 
 
 def test_a_big_file_is_split_into_byte_ranges_one_attempt_each(area: Path, client: Any) -> None:
-    ex = DaskExecutor(config.Movers(engine="dask", shards=3, range_min=1 << 20), 4, client=client)
+    ex = DaskExecutor(config.Movers(executor="dask", shards=3, range_min=1 << 20), 4, client=client)
     src = area / "big"
     src.write_bytes(os.urandom((4 << 20) + 3))
     src.chmod(0o644)
@@ -431,10 +444,10 @@ def test_attempts_of_a_killed_daemon_are_stopped_and_their_events_deleted_at_res
     wait_until(lambda: [e for e in events if isinstance(e, Moved)], 60, "the copy's progress")
     running = executor._attempts["31:0"][0].id
     left = "32:0.0123456789ab"  # an attempt that ended with the daemon: only its events remain
-    DaskEvent(remote.started_event(left), client=client).set()
+    DaskEvent(dask_task.started_event(left), client=client).set()
     assert dask_events(client, "32:0.")
 
-    restarted = DaskExecutor(config.Movers(engine="dask"), 4, client=client)
+    restarted = DaskExecutor(config.Movers(executor="dask"), 4, client=client)
     restarted.abandon([running, left])
     wait_until(lambda: not children(NOBODY.uid), 3, "the abandoned copy to stop")
     wait_until(lambda: not dask_events(client, "32:0."), 5, "the lost attempt's events gone")
@@ -476,7 +489,7 @@ def test_a_transfer_waits_for_a_connected_client_and_a_stuck_one_is_replaced(
         return made[-1]
 
     monkeypatch.setattr(distributed, "Client", new_client)
-    ex = DaskExecutor(config.Movers(engine="dask"), 4, client=broken)
+    ex = DaskExecutor(config.Movers(executor="dask"), 4, client=broken)
     src = area / "in"
     src.write_bytes(os.urandom(1 << 20))
     src.chmod(0o644)
@@ -506,7 +519,7 @@ def test_a_transfer_waits_for_a_connected_client_and_a_stuck_one_is_replaced(
 def test_the_attempts_sent_through_a_client_given_up_fail_transiently(area: Path) -> None:
     """(Sent before the client lost its scheduler, an attempt is cancelled by distributed;
     this is for one sent in the moment it did.) The others are left alone."""
-    ex = DaskExecutor(config.Movers(engine="dask"), 4, client=mock.Mock(status="running"))
+    ex = DaskExecutor(config.Movers(executor="dask"), 4, client=mock.Mock(status="running"))
     gone, other = mock.Mock(status="connecting"), mock.Mock(status="running")
     told: list[AttemptUpdate] = []
     attempts = [
@@ -550,7 +563,7 @@ def test_bench_with_the_dask_engine_copies_on_the_nodes_as_the_user(
     for side in ("s", "d"):
         (area / side).mkdir()
         os.chown(area / side, NOBODY.uid, NOBODY.gid)
-    conf = config.Config(movers=config.Movers(engine="dask", shards=2))
+    conf = config.Config(movers=config.Movers(executor="dask", shards=2))
     opts = Options(
         source=str(area / "s"),
         destination=str(area / "d"),
@@ -574,7 +587,7 @@ def test_the_fair_share_decides_what_is_handed_to_dask(area: Path, client: Any) 
     """One slot: a user's second transfer waits here (not in Dask's queue), saying why; a
     cancelled waiting transfer leaves its queue without reaching Dask. (Another user's is
     handed over at once, but then waits for the workers' resource: docs/operations.md.)"""
-    ex = DaskExecutor(config.Movers(engine="dask"), 1, client=client)
+    ex = DaskExecutor(config.Movers(executor="dask"), 1, client=client)
     try:
         big = sparse(area)
         first = ex.submit("1:0", TransferSpec.between(str(big), str(area / "a")), NOBODY, print)

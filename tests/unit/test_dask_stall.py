@@ -34,7 +34,7 @@ STALL = 5.0  # a loaded machine's page-cache writeback pauses a copy for seconds
 def test_a_stalled_attempt_is_stopped_its_temp_removed_and_the_path_named(
     area: Path, client: Any
 ) -> None:
-    ex = DaskExecutor(config.Movers(engine="dask"), 4, client=client, stall_timeout=STALL)
+    ex = DaskExecutor(config.Movers(executor="dask"), 4, client=client, stall_timeout=STALL)
     try:
         big, out = sparse(area), area / "out"
         events: list[Any] = []

@@ -1,25 +1,27 @@
-"""The package's shape (issue [O]): its imports form no circle, and its modules stay small.
+"""The package's shape: modules by concept, sides that respect the trust boundary, no
+import circle.
 
-A circle hidden behind a function-level import works until someone moves the import to the
-top, and then fails at import time far from the change; so imports inside functions count
-here as much as those at the top of a module.
+A module holds one concept, whatever its length: docs/architecture.md's module map names it
+and the side of the trust boundary it is loaded on (``user``, ``root``, ``cli``); a module
+missing from the map, or a row naming none, fails here, as does an import against the
+sides (a ``user`` module importing a ``root`` or ``cli`` one would pull daemon code into a
+user's process). A circle hidden behind a function-level import works until someone moves
+the import to the top, and then fails at import time far from the change; so imports inside
+functions count here as much as those at the top of a module.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "bbstage"
-MAX_LINES = 450
-# Modules allowed over MAX_LINES, each with the reason. Shrink this list, do not grow it.
-LONG_MODULES = {
-    "bbstage.directives": "the grammar, check for check in step with lua/bbstage/directives.lua",
-    "bbstage.engine": "the per-job state machine, one method per hook, read as one",
-    "bbstage.state": "the durable store (SQLite schema, its writes and its reads), read as one",
-    "bbstage.dask_executor": "one attempt's life on Dask (submit, events, settle), read as one;"
-    " its fair-share gate is the policy of bbstage/fairshare.py applied before submit",
-}
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+SIDES = {"user": {"user"}, "root": {"root", "user"}, "cli": {"cli", "root", "user"}}
 
 
 def modules() -> dict[str, Path]:
@@ -117,12 +119,69 @@ def test_the_package_imports_form_no_circle() -> None:
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])
 
 
-def test_no_module_is_over_the_size_guide() -> None:
-    sizes = {name: len(path.read_bytes().splitlines()) for name, path in modules().items()}
-    long = {name: n for name, n in sizes.items() if n > MAX_LINES and name not in LONG_MODULES}
-    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
-    stale = {name for name in LONG_MODULES if sizes.get(name, 0) <= MAX_LINES}
-    assert not stale, f"no longer over {MAX_LINES} lines: drop from LONG_MODULES: {stale}"
+def module_map() -> dict[str, tuple[str, str]]:
+    """docs/architecture.md's module map: path (a file, or a package ending in ``/``) ->
+    (side, concept)."""
+    text = ARCHITECTURE.read_text()
+    section = text[text.index("## Module map") :]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`bbstage/"):
+            path = cells[0].strip("`")
+            assert path not in rows, f"{path} twice in the module map"
+            rows[path] = (cells[1], cells[2])
+    return rows
+
+
+def sides() -> dict[str, str]:
+    """Each module's side: that of its own row, or of the nearest package row above it.
+    Fails for a module the map does not cover, a row that covers no module, a row with no
+    concept or an unknown side."""
+    rows = module_map()
+    out, used = {}, set()
+    for name, path in modules().items():
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        covering = [p for p in rows if p == rel or (p.endswith("/") and rel.startswith(p))]
+        assert covering, f"{rel} is not in docs/architecture.md's module map: add its row"
+        row = max(covering, key=len)
+        used.add(row)
+        out[name] = rows[row][0]
+    for row, (side, concept) in rows.items():
+        assert side in SIDES, f"module map: {row}: side {side!r} is not one of {sorted(SIDES)}"
+        assert concept, f"module map: {row} names no concept"
+    stale = set(rows) - used
+    assert not stale, f"module map rows that name no module (moved or removed?): {stale}"
+    return out
+
+
+def test_every_module_is_in_the_map_with_one_concept() -> None:
+    """Every module has a row (or its package has) and a docstring; no row is stale."""
+    assert set(sides()) == set(modules())
+    for name, path in modules().items():
+        if path.stat().st_size:
+            assert ast.get_docstring(ast.parse(path.read_bytes())), f"{name}: no docstring"
+
+
+def test_imports_respect_the_sides() -> None:
+    """``user`` modules import only ``user`` modules; ``root`` ones no ``cli`` module."""
+    side = sides()
+    wrong = [
+        f"{name} ({side[name]}) imports {other} ({side[other]})"
+        for name, targets in graph().items()
+        for other in sorted(targets)
+        if side[other] not in SIDES[side[name]]
+    ]
+    assert not wrong, "imports across the trust boundary:\n" + "\n".join(wrong)
+
+
+def test_the_side_checker_sees_a_user_module_importing_root(monkeypatch: Any) -> None:
+    """The checker itself: a user module that imports a root one fails."""
+    edges = graph()
+    edges["bbstage.worker"] = edges["bbstage.worker"] | {"bbstage.engine"}
+    monkeypatch.setattr(sys.modules[__name__], "graph", lambda: edges)
+    with pytest.raises(AssertionError, match=r"bbstage.worker \(user\) imports bbstage.engine"):
+        test_imports_respect_the_sides()
 
 
 # Modules outside a backend that still name one, each with the reason. Shrink, do not grow.

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from bbstage import executor, planning, walkproc, worker
+from bbstage import planning, walkproc, worker
 from bbstage.movers import FileTask, Mover, MoverOptions
 from bbstage.movers.implementations import posix
-from bbstage.transfer import Done, Failed, Planned, TempFile, TransferSpec
+from bbstage.transfer import Done, Failed, Planned, TempFile, TransferSpec, track_temps
 from tests.helpers import Conn, file_digest, make_tree, tree_digests
 from tests.unit.test_engine import ask, engine, outcomes, setup, states
 
@@ -99,7 +99,7 @@ class Checking(Conn):
 
     def send(self, event: Any) -> None:
         super().send(event)
-        executor.track_temps(self.temps, event)
+        track_temps(self.temps, event)
         self.most = max(self.most, len(self.temps))
         if isinstance(event, TempFile) and len(self.events) % 7 == 0:
             self.checks += 1

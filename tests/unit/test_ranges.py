@@ -13,7 +13,7 @@ import pytest
 
 from bbstage.movers.base import FileTask, TransferError
 from bbstage.ranges import span, write_range
-from bbstage.transfer import Shard
+from bbstage.transfer import FileRange
 
 SIZE = (3 << 20) + 12345
 
@@ -47,10 +47,10 @@ def test_ranges_in_any_order_reassemble_the_file_and_exactly_one_puts_it_in_plac
     for round_ in range(10):
         dst = tmp_path / f"out{round_}"
         renamed: list[bool] = []
-        parts = [Shard(i, count, f"{round_:08x}") for i in range(count)]
+        parts = [FileRange(i, count, f"{round_:08x}") for i in range(count)]
         random.shuffle(parts)
 
-        def run(part: Shard, dst: Path = dst, renamed: list[bool] = renamed) -> None:
+        def run(part: FileRange, dst: Path = dst, renamed: list[bool] = renamed) -> None:
             renamed.append(write_range(task(src, dst), "7", part, copier(src)))
 
         threads = [threading.Thread(target=run, args=(p,)) for p in parts]
@@ -71,18 +71,18 @@ def test_the_old_file_stays_whole_until_the_last_range_ends(tmp_path: Path, src:
     dst = tmp_path / "out"
     dst.write_bytes(b"the old file")
     for i in (2, 0):
-        assert not write_range(task(src, dst), "7", Shard(i, 3, "0000abcd"), copier(src))
+        assert not write_range(task(src, dst), "7", FileRange(i, 3, "0000abcd"), copier(src))
         assert dst.read_bytes() == b"the old file"
-    assert write_range(task(src, dst), "7", Shard(1, 3, "0000abcd"), copier(src))
+    assert write_range(task(src, dst), "7", FileRange(1, 3, "0000abcd"), copier(src))
     assert dst.read_bytes() == src.read_bytes()
 
 
 def test_a_range_written_again_is_harmless(tmp_path: Path, src: Path) -> None:
     """Dask reruns a range whose node died after it wrote: same bytes, same result."""
     dst = tmp_path / "out"
-    write_range(task(src, dst), "7", Shard(0, 2, "0000abcd"), copier(src))
-    write_range(task(src, dst), "7", Shard(0, 2, "0000abcd"), copier(src))
-    assert write_range(task(src, dst), "7", Shard(1, 2, "0000abcd"), copier(src))
+    write_range(task(src, dst), "7", FileRange(0, 2, "0000abcd"), copier(src))
+    write_range(task(src, dst), "7", FileRange(0, 2, "0000abcd"), copier(src))
+    assert write_range(task(src, dst), "7", FileRange(1, 2, "0000abcd"), copier(src))
     assert dst.read_bytes() == src.read_bytes()
 
 
@@ -91,11 +91,11 @@ def test_a_temporary_file_made_again_midway_never_lands(tmp_path: Path, src: Pat
     one, holding only its own bytes; putting that in place would stage a file of zeros."""
     dst = tmp_path / "out"
     dst.write_bytes(b"the old file")
-    write_range(task(src, dst), "7", Shard(0, 2, "0000abcd"), copier(src))
+    write_range(task(src, dst), "7", FileRange(0, 2, "0000abcd"), copier(src))
     (temp,) = [p for p in tmp_path.iterdir() if p.name.endswith("-0000abcd.part")]
     temp.unlink()
     with pytest.raises(TransferError, match="removed while they were written") as err:
-        write_range(task(src, dst), "7", Shard(1, 2, "0000abcd"), copier(src))
+        write_range(task(src, dst), "7", FileRange(1, 2, "0000abcd"), copier(src))
     assert not err.value.permanent
     assert dst.read_bytes() == b"the old file"
 
@@ -116,11 +116,13 @@ def test_siblings_that_finish_before_the_creator_looks_are_not_taken_for_a_sweep
         if flags & os.O_EXCL and path.endswith("-0000abcd.part") and not siblings:
             siblings.append(True)
             for i in (1, 2):
-                assert not write_range(task(src, dst), "7", Shard(i, 3, "0000abcd"), copier(src))
+                assert not write_range(
+                    task(src, dst), "7", FileRange(i, 3, "0000abcd"), copier(src)
+                )
         return fd
 
     monkeypatch.setattr(os, "open", open_then_siblings)
-    assert write_range(task(src, dst), "7", Shard(0, 3, "0000abcd"), copier(src))
+    assert write_range(task(src, dst), "7", FileRange(0, 3, "0000abcd"), copier(src))
     assert siblings and dst.read_bytes() == src.read_bytes()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
@@ -129,17 +131,17 @@ def test_an_older_groups_temporary_file_is_never_taken_for_this_ones(
     tmp_path: Path, src: Path
 ) -> None:
     dst = tmp_path / "out"
-    write_range(task(src, dst), "7", Shard(0, 2, "00000001"), copier(src))  # then it failed
-    write_range(task(src, dst), "7", Shard(1, 2, "00000002"), copier(src))
+    write_range(task(src, dst), "7", FileRange(0, 2, "00000001"), copier(src))  # then it failed
+    write_range(task(src, dst), "7", FileRange(1, 2, "00000002"), copier(src))
     assert not dst.exists()
-    assert write_range(task(src, dst), "7", Shard(0, 2, "00000002"), copier(src))
+    assert write_range(task(src, dst), "7", FileRange(0, 2, "00000002"), copier(src))
     assert dst.read_bytes() == src.read_bytes()
 
 
 def test_spans_cover_the_file_once() -> None:
     for size in (0, 1, 7, SIZE):
         for count in (1, 2, 3, 8):
-            spans = [span(Shard(i, count, "0"), size) for i in range(count)]
+            spans = [span(FileRange(i, count, "0"), size) for i in range(count)]
             assert sum(n for _, n in spans) == size
             assert all(a + n == b for (a, n), (b, _) in zip(spans, spans[1:], strict=False))
 
@@ -151,7 +153,7 @@ def test_a_temporary_file_removed_under_the_last_range_never_lands(
     finds no file, and the destination is not that inode, so nothing is in place."""
     dst = tmp_path / "out"
     dst.write_bytes(b"the old file")
-    write_range(task(src, dst), "7", Shard(0, 2, "0000abcd"), copier(src))
+    write_range(task(src, dst), "7", FileRange(0, 2, "0000abcd"), copier(src))
 
     def copy_then_swept(fd: int, offset: int, count: int) -> None:
         copier(src)(fd, offset, count)
@@ -160,7 +162,7 @@ def test_a_temporary_file_removed_under_the_last_range_never_lands(
                 p.unlink()
 
     with pytest.raises(TransferError, match="gone|removed") as err:
-        write_range(task(src, dst), "7", Shard(1, 2, "0000abcd"), copy_then_swept)
+        write_range(task(src, dst), "7", FileRange(1, 2, "0000abcd"), copy_then_swept)
     assert not err.value.permanent
     assert dst.read_bytes() == b"the old file"
 
@@ -175,10 +177,10 @@ def test_ranges_written_into_two_different_files_never_land(tmp_path: Path, src:
         copier(src)(fd, offset, count)
         (temp,) = [p for p in tmp_path.iterdir() if p.name.endswith("-0000abcd.part")]
         temp.unlink()
-        assert not write_range(task(src, dst), "7", Shard(1, 2, "0000abcd"), copier(src))
+        assert not write_range(task(src, dst), "7", FileRange(1, 2, "0000abcd"), copier(src))
 
     with pytest.raises(TransferError, match="different temporary files"):
-        write_range(task(src, dst), "7", Shard(0, 2, "0000abcd"), copy_while_swept)
+        write_range(task(src, dst), "7", FileRange(0, 2, "0000abcd"), copy_while_swept)
     assert dst.read_bytes() == b"the old file"
 
 
@@ -187,8 +189,8 @@ def test_ranges_planned_from_different_versions_of_the_source_never_land(
 ) -> None:
     """Each node plans the file itself: one saw it before it was replaced, one after."""
     dst = tmp_path / "out"
-    write_range(task(src, dst), "7", Shard(0, 2, "0000abcd"), copier(src))
+    write_range(task(src, dst), "7", FileRange(0, 2, "0000abcd"), copier(src))
     newer = FileTask(str(src), str(dst), "file", SIZE, 0o640, 1_700_000_000_000_000_000)
     with pytest.raises(TransferError, match="different versions of the source") as err:
-        write_range(newer, "7", Shard(1, 2, "0000abcd"), copier(src))
+        write_range(newer, "7", FileRange(1, 2, "0000abcd"), copier(src))
     assert not err.value.permanent and not dst.exists()

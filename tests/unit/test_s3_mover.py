@@ -22,7 +22,7 @@ from bbstage.movers import FileTask, MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
 from bbstage.movers.implementations.s3.download import _safe_rel
 from bbstage.movers.implementations.s3.settings import S3Options
-from bbstage.transfer import Done, Failed, Planned, Shard, TransferSpec
+from bbstage.transfer import Done, Failed, FileRange, Planned, TransferSpec
 from tests.helpers import Conn, file_digest, run_worker, s3_sides
 
 CREDS = {"key": "testing", "secret": "testing"}
@@ -572,7 +572,7 @@ def test_timestamps_parse_as_botocore_parses_them(value: str) -> None:
 def test_an_objects_ranges_by_several_shares_make_the_file(
     tmp_path: Path, endpoint: str, client: Any, bucket: str
 ) -> None:
-    """One object split across nodes (``Shard`` with a group): each share GETs its byte
+    """One object split across nodes (a ``FileRange``): each share GETs its byte
     range into the shared temporary file; the last one puts the file in place."""
     data = os.urandom((12 << 20) + 5)
     client.put_object(Bucket=bucket, Key="big", Body=data)
@@ -586,7 +586,7 @@ def test_an_objects_ranges_by_several_shares_make_the_file(
     manifests = []
     for i in (1, 2, 0):
         conn = Conn()
-        share = spec.but(shard=Shard(i, 3, "0000abcd", 1 << 20))
+        share = spec.but(part=FileRange(i, 3, "0000abcd", 1 << 20))
         worker.transfer(share, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
         manifests.append(conn.events[-1])
     assert all(isinstance(d, Done) for d in manifests), manifests
@@ -619,7 +619,7 @@ def test_one_files_shares_upload_pieces_and_the_last_assembles_the_object(
 
     def share(i: int) -> None:
         conn = Conn()
-        part = spec.but(shard=Shard(i, 3, "0000abcd", 1 << 20))
+        part = spec.but(part=FileRange(i, 3, "0000abcd", 1 << 20))
         worker.transfer(part, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
         ends[i] = conn.events[-1]
 
@@ -657,7 +657,7 @@ def test_pieces_of_two_versions_of_the_source_are_never_assembled(
 
     def share(i: int) -> Any:
         conn = Conn()
-        part = spec.but(shard=Shard(i, 2, "0000abcd", 1 << 20))
+        part = spec.but(part=FileRange(i, 2, "0000abcd", 1 << 20))
         worker.transfer(part, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
         return conn.events[-1]
 

@@ -12,7 +12,15 @@ from pathlib import Path
 from bbstage import planning, worker
 from bbstage.movers import FileTask
 from bbstage.movers.localfs import temp_name
-from bbstage.transfer import Done, Planned, Shard, TempFile, TempsSettled, TransferSpec
+from bbstage.transfer import (
+    Done,
+    FileRange,
+    Planned,
+    TempFile,
+    TempsSettled,
+    TransferSpec,
+    TreeShard,
+)
 from tests.helpers import Conn, make_tree, tree_digests
 
 
@@ -23,14 +31,14 @@ def files(n: int) -> list[FileTask]:
 def test_the_shards_of_a_plan_partition_its_files_and_each_has_every_directory() -> None:
     dirs = [FileTask(f"/s/d{i}", f"/d/d{i}", kind="dir") for i in range(7)]
     plan = dirs + files(1000)
-    shares = [list(planning.only(plan, Shard(i, 3))) for i in range(3)]
+    shares = [list(planning.only(plan, TreeShard(i, 3))) for i in range(3)]
     for share in shares:
         assert [t for t in share if t.kind == "dir"] == dirs
     got = sorted(t.dst for share in shares for t in share if t.kind == "file")
     assert got == sorted(t.dst for t in files(1000))  # each file once, none lost
     assert all(200 < sum(t.kind == "file" for t in share) < 470 for share in shares)
     assert list(planning.only(plan, None)) == plan
-    assert list(planning.only(plan, Shard(0, 1))) == plan
+    assert list(planning.only(plan, TreeShard(0, 1))) == plan
 
 
 def run(spec: TransferSpec) -> tuple[Done, Planned]:
@@ -45,7 +53,7 @@ def test_the_shards_of_a_tree_stage_it_whole_and_their_manifests_sum_to_it(area:
     src = make_tree(area / "src", 300, 3000)
     (src / "empty").mkdir()
     base = TransferSpec.between(f"{src}/", f"{area / 'dst'}/", job_id="7")
-    outcomes = [run(base.but(shard=Shard(i, 3))) for i in range(3)]
+    outcomes = [run(base.but(part=TreeShard(i, 3))) for i in range(3)]
     for done, plan in outcomes:
         assert done.covers(plan) and 0 < done.files < 300
     assert sum(d.files for d, _ in outcomes) == 300
@@ -63,7 +71,7 @@ def test_a_resumed_shard_sweeps_only_its_own_temporary_files(area: Path) -> None
     for path in temps:
         Path(path).write_bytes(b"partial")
     tasks = [FileTask(f"/s/f{i}", str(dst / f"f{i}")) for i in range(40)]
-    shard = Shard(1, 2)
+    shard = TreeShard(1, 2)
     removed = planning.remove_stale_temps(tasks, "7", shard)
     left = set(map(str, dst.iterdir()))
     for i, path in enumerate(temps):
@@ -85,7 +93,7 @@ def test_the_shares_of_one_big_file_write_its_ranges_and_one_puts_it_in_place(
     dst = area / "out" / "big.dat"
     dst.parent.mkdir()
     base = TransferSpec.between(str(src), str(dst), job_id="7")
-    outcomes = [run(base.but(shard=Shard(i, 3, "0000abcd", 1 << 20))) for i in (2, 0, 1)]
+    outcomes = [run(base.but(part=FileRange(i, 3, "0000abcd", 1 << 20))) for i in (2, 0, 1)]
     for done, plan in outcomes:
         assert done.covers(plan) and 0 < done.bytes < src.stat().st_size
     assert sum(d.files for d, _ in outcomes) == 1
@@ -95,7 +103,7 @@ def test_the_shares_of_one_big_file_write_its_ranges_and_one_puts_it_in_place(
     assert (st.st_mode & 0o777, st.st_mtime_ns) == (0o640, 1_600_000_000_000_000_001)
     assert os.listdir(dst.parent) == ["big.dat"]
     # In place now: a second submission's shares find nothing to do.
-    again = [run(base.but(shard=Shard(i, 3, "0000abce", 1 << 20))) for i in range(3)]
+    again = [run(base.but(part=FileRange(i, 3, "0000abce", 1 << 20))) for i in range(3)]
     assert all(d == Done(0, 0) for d, _ in again)
 
 
@@ -104,7 +112,7 @@ def test_a_file_under_the_range_size_is_copied_whole_by_share_0(area: Path) -> N
     src.write_bytes(os.urandom(5000))
     dst = area / "small.out"
     base = TransferSpec.between(str(src), str(dst), job_id="7")
-    outcomes = [run(base.but(shard=Shard(i, 2, "0000abcd", 1 << 20))) for i in (1, 0)]
+    outcomes = [run(base.but(part=FileRange(i, 2, "0000abcd", 1 << 20))) for i in (1, 0)]
     assert [d for d, _ in outcomes] == [Done(0, 0), Done(5000, 1)]
     assert dst.read_bytes() == src.read_bytes()
 
@@ -116,7 +124,7 @@ def test_a_resumed_share_sweeps_older_groups_and_keeps_its_own(area: Path) -> No
     for path in old + live:
         Path(path).write_bytes(b"partial")
     tasks = [FileTask("/s/big.dat", str(dst), size=10)]
-    assert planning.remove_stale_temps(tasks, "7", Shard(0, 2, "00000002")) == 2
+    assert planning.remove_stale_temps(tasks, "7", FileRange(0, 2, "00000002")) == 2
     assert sorted(map(str, area.iterdir())) == sorted(live)
 
 
@@ -130,7 +138,7 @@ def test_a_share_tells_its_temporary_files_before_making_them_then_settles_them(
     dst = area / "big.out"
     spec = TransferSpec.between(str(src), str(dst), job_id="7")
     conn = Conn()
-    share = spec.but(shard=Shard(0, 2, "0000abcd", 1 << 20))
+    share = spec.but(part=FileRange(0, 2, "0000abcd", 1 << 20))
     worker.transfer(share, worker.Reporter(conn), threading.Event())  # type: ignore[arg-type]
     told = [e.path for e in conn.events if isinstance(e, TempFile)]
     assert told == [

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bbstage import leftovers, walkproc
+from bbstage import identity, leftovers, walkproc
 from bbstage.identity import user_env
 from bbstage.transfer import TransferSpec
 from tests.helpers import run_worker, tree_digests
@@ -49,7 +49,7 @@ def leaks(env: dict[str, str] | None) -> list[str]:
 def test_the_leftovers_unlinker_gets_no_root_environment(
     area: Path, roots_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = spy(monkeypatch, leftovers, "run")
+    seen = spy(monkeypatch, identity, "run")  # identity.unlink_as: every caller's
     theirs = owned_dir(area / "theirs", NOBODY)
     gone = temp(theirs, "a", owner=NOBODY)
     found = leftovers.find([(str(theirs), False)], "7")

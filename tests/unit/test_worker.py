@@ -49,7 +49,7 @@ def test_overwrite_never_keeps_an_existing_file(tmp_path: Path) -> None:
 
 
 def test_transient_errors_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(retrying, "BACKOFF_CAP", 0.01)
+    monkeypatch.setattr(retrying, "FILE", retrying.RetryPolicy(tries=6))  # no waits
     calls = []
 
     def flaky() -> str:
@@ -58,7 +58,7 @@ def test_transient_errors_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
             raise TransferError("connection reset", permanent=False)
         return "ok"
 
-    assert retrying.with_retries(flaky, threading.Event()) == "ok"
+    assert retrying.FILE.run(flaky, threading.Event()) == "ok"
     assert len(calls) == 3
 
 
@@ -70,7 +70,7 @@ def test_permanent_errors_are_not_retried() -> None:
         raise PermissionError(13, "Permission denied", "/secret")
 
     with pytest.raises(TransferError, match="permission denied: /secret"):
-        retrying.with_retries(denied, threading.Event())
+        retrying.FILE.run(denied, threading.Event())
     assert len(calls) == 1
 
 

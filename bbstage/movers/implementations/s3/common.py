@@ -8,6 +8,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from bbstage import retrying
 from bbstage.movers import checksum
 from bbstage.movers.base import (
     Cancelled,
@@ -27,7 +28,6 @@ from bbstage.movers.implementations.s3.settings import S3Options, S3Settings, ch
 from bbstage.movers.implementations.s3.timestamps import parse_timestamp
 
 T = TypeVar("T")
-_PART_RETRIES = 3  # attempts per request/part inside the mover (the worker retries files)
 # Object metadata (x-amz-meta-*) every upload carries: the source's st_mtime_ns, so that a
 # later run knows whether the object is this very file (size alone is not enough), and with
 # checksum= the digest of the bytes sent, which downloads with checksum= verify.
@@ -126,18 +126,17 @@ class _S3Mover(Mover):
         return translate(exc, url, self.who, self.endpoint)
 
     async def _retry(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
-        """One request (or part) with a few quick retries of transient errors."""
-        delay = 0.1
-        for attempt in range(_PART_RETRIES):
+        """One request (or part), tried again after a transient error (``retrying.REQUEST``)."""
+        waits = retrying.REQUEST.waits()
+        while True:
             try:
                 return await make()
             except Exception as exc:
                 err = self._error(exc, what)
-                if err.permanent or attempt == _PART_RETRIES - 1:
+                delay = next(waits, None)
+                if err.permanent or delay is None:
                     raise err from None
             await asyncio.sleep(delay)
-            delay *= 4
-        raise AssertionError("unreachable")
 
     async def _list_page(
         self, bucket: str, prefix: str, token: str | None = None, limit: int = 0
@@ -305,7 +304,9 @@ def _make_filesystem(mover: _S3Mover) -> Any:
         "max_pool_connections": settings.max_pool_connections,
         "connect_timeout": settings.connect_timeout,
         "read_timeout": settings.read_timeout,
-        "retries": {"max_attempts": settings.retries, "mode": "standard"},
+        # Tries in all, the first included ("max_attempts" would count retries only: one
+        # more); beneath bbstage's own per request (retrying.REQUEST), so 1 by default.
+        "retries": {"total_max_attempts": settings.retries, "mode": "standard"},
         "s3": s3_config,
         "request_checksum_calculation": settings.checksums,
         "response_checksum_validation": settings.checksums,

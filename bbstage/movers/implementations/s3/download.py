@@ -11,11 +11,10 @@ import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from bbstage import counts
+from bbstage import counts, retrying
 from bbstage.movers import checksum, localfs
 from bbstage.movers.base import FileTask, Progress, TransferError, os_error
 from bbstage.movers.implementations.s3.common import (
-    _PART_RETRIES,
     _Counted,
     _first_failure,
     _S3Mover,
@@ -305,7 +304,7 @@ class S3Download(_S3Mover):
         the object is exactly ``count`` bytes, fetch it without a Range); resume after
         dropped connections with a ranged GET from where it stopped."""
         url = task.src
-        end, pos, failures, delay = offset + count, offset, 0, 0.1
+        end, pos, waits = offset + count, offset, retrying.REQUEST.waits()
         while True:
             if pos >= end and not (whole and pos == 0):
                 return
@@ -350,11 +349,10 @@ class S3Download(_S3Mover):
                 raise os_error(exc.error, task.dst) from None
             except Exception as exc:
                 err = self._error(exc, url)
-            failures += 1
-            if err.permanent or failures >= _PART_RETRIES:
+            delay = next(waits, None)  # a cut stream goes on from ``pos``: a request
+            if err.permanent or delay is None:
                 raise err
             await asyncio.sleep(delay)
-            delay *= 4
 
     @contextlib.asynccontextmanager
     async def _get(

@@ -1,4 +1,4 @@
-"""POSIX to S3 with one file split across transfer nodes (``Shard`` with a group): each
+"""POSIX to S3 with one file split across transfer nodes (a ``FileRange``): each
 share uploads its bytes (``ranges.span``) as an object of its own, a piece
 (``.NAME.bbstage-JOB-GROUP.rIofN.part`` beside the destination); the share that finds every
 piece there assembles the object from them on the server (``UploadPartCopy``: no byte
@@ -22,7 +22,7 @@ from bbstage.movers.implementations.s3.common import MTIME_KEY, _Counted, _first
 from bbstage.movers.implementations.s3.errors import _NOT_FOUND, S3Error, split_url
 from bbstage.movers.implementations.s3.upload import S3ObjectUpload, create_window
 from bbstage.ranges import span
-from bbstage.transfer import Shard
+from bbstage.transfer import FileRange
 
 MIN_PART = 5 << 20  # S3's smallest part (but the last)
 COPY_MAX = 5 << 30  # S3's largest part (and part copy)
@@ -34,7 +34,12 @@ class S3Upload(S3ObjectUpload):
     min_share = MIN_PART  # each share of one file is a part at least
 
     def copy_share(
-        self, task: FileTask, job_id: str, shard: Shard, progress: Progress, cancel: threading.Event
+        self,
+        task: FileTask,
+        job_id: str,
+        shard: FileRange,
+        progress: Progress,
+        cancel: threading.Event,
     ) -> None:
         """Upload share ``shard`` of ``task``'s bytes (``ranges.span``) as an object of its
         own, a piece (``.NAME.bbstage-JOB-GROUP.rIofN.part`` beside the destination); the
@@ -49,10 +54,12 @@ class S3Upload(S3ObjectUpload):
             counted.undo()
             raise
 
-    async def _share(self, task: FileTask, job_id: str, shard: Shard, progress: _Counted) -> None:
+    async def _share(
+        self, task: FileTask, job_id: str, shard: FileRange, progress: _Counted
+    ) -> None:
         s3 = await self._s3()
         bucket, key = split_url(task.dst)
-        pieces = [_piece_key(key, job_id, Shard(i, shard.count, shard.group))
+        pieces = [_piece_key(key, job_id, FileRange(i, shard.count, shard.group))
                   for i in range(shard.count)]  # fmt: skip
         await self._sweep_pieces(s3, bucket, key, job_id, shard.group)
         offset, count = span(shard, task.size)
@@ -86,7 +93,7 @@ class S3Upload(S3ObjectUpload):
             return  # the last share to end assembles
         for i, head in enumerate(heads):
             assert head is not None
-            want = span(Shard(i, len(pieces)), task.size)[1]
+            want = span(FileRange(i, len(pieces), ""), task.size)[1]
             if head.size != want or (head.meta or {}).get(MTIME_KEY) != str(task.mtime_ns):
                 raise TransferError(
                     f"{task.dst}: its pieces are of different versions of {task.src}; staging"
@@ -163,7 +170,7 @@ def _piece_prefix(key: str, job_id: str) -> str:
     return f"{head}/" * bool(head) + f".{tail}.bbstage-{job_id}-"
 
 
-def _piece_key(key: str, job_id: str, shard: Shard) -> str:
+def _piece_key(key: str, job_id: str, shard: FileRange) -> str:
     """Where share ``shard`` of the object ``key`` is uploaded: beside it, named like a
     job's temporary files (``localfs.temp_name``)."""
     return f"{_piece_prefix(key, job_id)}{shard.group}.r{shard.index}of{shard.count}.part"

@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from bbstage import retrying
 from bbstage.movers.base import BackendOptions, TransferError
 from bbstage.units import parse_size
 
@@ -39,7 +40,8 @@ class S3Settings:
     max_pool_connections: int = 128
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
-    retries: int = 3  # botocore attempts per request ("standard" mode)
+    # botocore's (and obstore's) tries per request, beneath bbstage's own (retrying.REQUEST)
+    retries: int = retrying.LIBRARY_TRIES
     payload_signing: bool = False  # SHA-256 of every upload body (costs CPU; TLS covers it)
     checksums: str = "when_required"  # botocore's request/response checksum calculation
     file_mode: int = 0o644  # mode of downloaded files (directories get the x bits too)

@@ -1,7 +1,7 @@
 """One transfer on a data-transfer node: the Dask task, and the child process it runs.
 
 ``run_attempt`` runs in a thread of a Dask worker, which is root on the node. It never
-changes its own identity: it starts ``python -m bbstage.remote`` as a child process that
+changes its own identity: it starts ``python -m bbstage.dask_task`` as a child process that
 the kernel starts as the job's user (``Popen(user=, group=, extra_groups=)``, in a new
 session), hands it the ``TransferSpec`` on stdin and reads its events back as JSON lines
 on stdout (``bbstage.codec``, strict: a line that is not exactly one known event fails the
@@ -19,7 +19,6 @@ attempt's outcome is final there.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import signal
@@ -30,16 +29,15 @@ import time
 from typing import Any
 
 from bbstage import codec, movers, transfer_env, walkproc
-from bbstage.identity import Identity, IdentityError, user_env
+from bbstage.identity import Identity, IdentityError, unlink_as, user_env
 from bbstage.transfer import (
     Done,
     Event,
     Failed,
     Moved,
     Planned,
-    TempFile,
-    TempsSettled,
     TransferSpec,
+    track_temps,
 )
 
 FORWARD_EVERY = 0.5  # seconds between Moved events sent to the daemon
@@ -126,7 +124,7 @@ def run_child(
     env = user_env(identity.uid, PYTHONPATH=walkproc.own_pythonpath())
     env |= {k: v for k, v in os.environ.items() if k in passed}
     child = subprocess.Popen(
-        [sys.executable, "-m", "bbstage.remote", str(os.getpid())],
+        [sys.executable, "-m", "bbstage.dask_task", str(os.getpid())],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         user=identity.uid,
@@ -151,7 +149,7 @@ def run_child(
             try:
                 stop = cancelled()
             except Exception as exc:  # the scheduler is unreachable: keep copying, ask again
-                print(f"bbstage.remote: cannot check for a cancel: {exc!r}", file=sys.stderr)
+                print(f"bbstage.dask_task: cannot check for a cancel: {exc!r}", file=sys.stderr)
                 stop = False
             if stop:
                 stopped.set()
@@ -178,10 +176,8 @@ def run_child(
                 outcome = Failed(f"the transfer process sent a malformed event, refused: {exc}")
                 kill_group(child)
                 break
-            if isinstance(event, TempFile):
-                temps.add(event.path)
-            elif isinstance(event, TempsSettled):  # renamed or removed: not ours now
-                temps.difference_update(event.paths)
+            if track_temps(temps, event):
+                pass
             elif isinstance(event, Done | Failed):
                 outcome = event
             elif isinstance(event, Planned):
@@ -204,8 +200,16 @@ def run_child(
     elif outcome is None:
         outcome = Failed(f"transfer process exited with code {child.returncode}", permanent=False)
     if not isinstance(outcome, Done):
-        cleanup(sorted(temps), identity)
+        _unlink_temps(sorted(temps), identity)
     return outcome, planned
+
+
+def _unlink_temps(paths: list[str], identity: Identity) -> None:
+    """Remove the temporary files of a killed or failed child, as the user."""
+    try:
+        unlink_as(identity, paths, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"bbstage.dask_task: temporary files kept: {exc!r}", file=sys.stderr)
 
 
 class _Progress:
@@ -252,23 +256,6 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def cleanup(paths: list[str], identity: Identity) -> None:
-    """Remove the temporary files of a killed or failed child, as the user (root must not
-    unlink in directories the user controls)."""
-    if not paths:
-        return
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bbstage.remote", "--cleanup"],
-        stdin=subprocess.PIPE,
-        user=identity.uid,
-        group=identity.gid,
-        extra_groups=list(identity.groups),
-        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-        cwd="/",
-    )
-    proc.communicate(json.dumps(paths).encode(), timeout=30)
-
-
 # --------------------------------------------------------------------------------------
 # The child (the job's user)
 # --------------------------------------------------------------------------------------
@@ -290,7 +277,7 @@ def _child(parent: int) -> int:
     from bbstage import worker
 
     if os.getuid() == 0 or os.geteuid() == 0:
-        print("bbstage.remote: refusing to copy as root", file=sys.stderr)
+        print("bbstage.dask_task: refusing to copy as root", file=sys.stderr)
         return 2
     spec = pickle.loads(sys.stdin.buffer.read())  # from root, our parent
     cancel = threading.Event()
@@ -307,16 +294,5 @@ def _child(parent: int) -> int:
     return 0
 
 
-def _cleanup_main() -> int:
-    for path in json.loads(sys.stdin.read()):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    return 0
-
-
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--cleanup"]:
-        sys.exit(_cleanup_main())
     sys.exit(_child(int(sys.argv[1])))
