@@ -25,8 +25,8 @@ docs/performance.md), then regenerates the document unless --no-doc.
 
 Usage (root, scripts/local-s3 running): python3 benchmarks/compare_commits.py OLD NEW
     [--label NAME] [--rounds 4] [--only posix,s3]
-    [--posix-args "--repeat 2 --big-size 1G --small-files 2000"]
-    [--s3-args "--rounds 1 --big-mib 256 --small 200 --contenders bbstage,s5cmd"]
+    [--posix-args "--repeat 4 --big-size 1G --small-files 2000"]
+    [--s3-args "--rounds 2 --big-mib 256 --small 200 --contenders bbstage,s5cmd"]
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from typing import Any
 
 from common import REPO, environment, fail, parser, save_result
 
-POSIX_ARGS = "--repeat 2 --big-size 1G --small-files 2000 --small-size 4K"
-S3_ARGS = "--rounds 1 --big-mib 256 --small 200 --small-kib 64 --contenders bbstage,s5cmd"
+POSIX_ARGS = "--repeat 4 --big-size 1G --small-files 2000 --small-size 4K"
+S3_ARGS = "--rounds 2 --big-mib 256 --small 200 --small-kib 64 --contenders bbstage,s5cmd"
 
 
 def git(*argv: str) -> str:
