@@ -41,7 +41,7 @@ from tests.hookharness import Daemon, script, start_daemon, user_ids, user_tree
 from tests.mungeharness import remove, start_munged
 
 N = 300
-TITLE = "Network API: request latency"
+TITLE = "Network API: request latency and in-job copy throughput"
 ROWS = {
     "status_socket": "`bbstage status`, local Unix socket",
     "status_api": "`bbstage status`, network API (munge)",
