@@ -136,7 +136,9 @@ OLDEST, NEWEST = SLURM_VERSIONS[0], SLURM_VERSIONS[-1]
 # Which tests run on which generation (CI's 30 minutes; docs/slurm-versions.md, "Tests"):
 # every test on the oldest and the newest supported generation, and on the ones between
 # (24.11) only the modules marked ``every_generation``, a smoke subset that keeps their
-# hook API covered. BBSTAGE_EVERY_GENERATION=1 runs every test on every generation.
+# hook API covered. A test marked ``newest_only`` exercises no Slurm behaviour (a transfer
+# node's death, a scheduler restart, TLS between bbstage and Dask): it runs on the newest
+# generation only. BBSTAGE_EVERY_GENERATION=1 runs every test on every generation.
 EVERY_GENERATION = os.environ.get("BBSTAGE_EVERY_GENERATION") == "1"
 
 
@@ -144,11 +146,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "every_generation: runs on every Slurm generation, not only oldest and newest"
     )
+    config.addinivalue_line(
+        "markers", "newest_only: exercises no Slurm behaviour; runs on the newest generation only"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect (reported by pytest as deselected) the tests of a middle generation that
-    are not marked ``every_generation``."""
+    are not marked ``every_generation``, and those marked ``newest_only`` but the newest's."""
     if EVERY_GENERATION:
         return
     keep, drop = [], []
@@ -157,7 +162,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         version = callspec.params.get("cluster") if callspec else None
         middle = version is not None and version not in (OLDEST, NEWEST)
         smoke = item.get_closest_marker("every_generation") is not None
-        (drop if middle and not smoke else keep).append(item)
+        newest_only = item.get_closest_marker("newest_only") is not None
+        older = version is not None and version != NEWEST
+        (drop if (middle and not smoke) or (newest_only and older) else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -260,6 +260,7 @@ def node_dies(cluster: Cluster) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.newest_only  # no Slurm behaviour in it (CI time)
 def test_a_node_that_dies_mid_transfer_leaves_a_complete_verified_job(
     cluster: Cluster, workdir: Path
 ) -> None:
@@ -279,6 +280,7 @@ def sparse_file(path: Path, size: int) -> None:
             f.write(os.urandom(4096))
 
 
+@pytest.mark.newest_only  # no Slurm behaviour in it (CI time)
 def test_a_big_file_is_split_across_the_nodes_in_byte_ranges(
     cluster: Cluster, workdir: Path
 ) -> None:
@@ -299,6 +301,7 @@ def test_a_big_file_is_split_across_the_nodes_in_byte_ranges(
     assert not parts(workdir), parts(workdir)
 
 
+@pytest.mark.newest_only  # no Slurm behaviour in it (CI time)
 def test_a_big_file_is_uploaded_to_s3_in_pieces_by_the_nodes(
     cluster: Cluster,
     workdir: Path,
@@ -329,6 +332,7 @@ def test_a_big_file_is_uploaded_to_s3_in_pieces_by_the_nodes(
     assert digest.hexdigest() == file_digest(src)
 
 
+@pytest.mark.newest_only  # no Slurm behaviour in it (CI time)
 def test_a_node_that_dies_mid_range_leaves_a_complete_verified_file(
     cluster: Cluster, workdir: Path
 ) -> None:
@@ -354,6 +358,7 @@ def test_a_node_that_dies_mid_range_leaves_a_complete_verified_file(
     attempts_accounted(cluster, job)
 
 
+@pytest.mark.newest_only  # no Slurm behaviour in it (CI time)
 def test_a_scheduler_restart_mid_transfer_leaves_a_complete_verified_job(
     cluster: Cluster, workdir: Path
 ) -> None:
@@ -395,6 +400,7 @@ while True:
 """
 
 
+@pytest.mark.newest_only  # no Slurm behaviour in it (CI time)
 def test_a_client_whose_reconnection_dies_is_given_up_and_the_job_completes(
     cluster: Cluster, workdir: Path
 ) -> None:
@@ -464,6 +470,7 @@ def test_a_daemon_killed_mid_transfer_leaves_a_complete_verified_job(
     assert any(a["state"] == "lost" for a in d["attempts"]), d["attempts"]
 
 
+@pytest.mark.newest_only  # no Slurm behaviour in it (CI time)
 def test_bench_with_the_dask_engine_measures_the_nodes(cluster: Cluster, workdir: Path) -> None:
     """``bbstage bench --executor dask`` (root, the daemon's [movers] configuration): the
     data set is the user's, every node copies a shard of it, cp -r runs here for reference."""
@@ -485,6 +492,7 @@ def test_bench_with_the_dask_engine_measures_the_nodes(cluster: Cluster, workdir
           f" cp -r here {out['baselines']['cp']['mb_per_s']:.1f} MB/s")  # fmt: skip
 
 
+@pytest.mark.newest_only  # no Slurm behaviour in it (CI time)
 def test_bench_with_the_dask_engine_measures_s3_downloads_through_the_nodes(
     cluster: Cluster,
     workdir: Path,
@@ -596,6 +604,7 @@ def tls_first_bytes(host: str, port: int, ca: str, certs: Path | None = None) ->
             return conn.recv(16)
 
 
+@pytest.mark.newest_only  # no Slurm behaviour in it (CI time)
 def test_a_client_without_a_certificate_of_the_ca_is_refused(
     cluster: Cluster, tmp_path: Path
 ) -> None:
