@@ -1,9 +1,7 @@
 """Runs transfers in worker processes, each as the job's user.
 
-``TransferExecutor.submit`` is ``concurrent.futures``-style: it returns a Future that resolves
-to the worker's ``Done`` manifest, or raises ``Cancelled`` (asked for with ``cancel``) or
-``TransferError``; a distributed executor with the same methods (``submit``, ``cancel``,
-``abandon``, ``shutdown``) can replace it.
+A ``bbstage.contracts.Executor``, as ``bbstage.dask_executor.DaskExecutor`` (transfer nodes)
+is: the engine holds one or the other.
 
 A worker process drops to one user's uid, gid and groups for good, then runs that user's
 transfers one at a time. After a transfer it waits, idle, for the next one of the same
@@ -26,13 +24,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import forkserver
 from typing import Any
 
 from bbstage import codec, fairshare, movers, stall, worker
+from bbstage.contracts import Sink
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
 from bbstage.transfer import Done, Event, Failed, TempFile, TempsSettled, TransferSpec
@@ -65,7 +63,7 @@ class _Worker:
         _reap([self.proc])
 
 
-_Item = tuple[TransferSpec, Identity, Callable[[Event], None], "Future[Done]"]
+_Item = tuple[TransferSpec, Identity, Sink, "Future[Done]"]
 
 
 class TransferExecutor:
@@ -138,7 +136,7 @@ class TransferExecutor:
         key: str,
         spec: TransferSpec,
         identity: Identity,
-        on_event: Callable[[Event], None],
+        on_event: Sink,
         order: tuple[Any, ...] = (),
     ) -> Future[Done]:
         """Queue a transfer in its user's queue (``order``: smaller first within the user's,
@@ -198,7 +196,7 @@ class TransferExecutor:
         key: str,
         spec: TransferSpec,
         identity: Identity,
-        on_event: Callable[[Event], None],
+        on_event: Sink,
         future: Future[Done],
     ) -> None:
         """Run a transfer; whatever happens, its slot is freed, then its future gets an
@@ -213,17 +211,17 @@ class TransferExecutor:
             error = TransferError(f"could not run the transfer: {exc}")
         finally:
             self._queue.release(key)
-        if error is not None:
-            future.set_exception(error)
-        else:
+        if result is not None:
             future.set_result(result)
+        else:
+            future.set_exception(error or TransferError("the transfer ended with no outcome"))
 
     def _run(
         self,
         key: str,
         spec: TransferSpec,
         identity: Identity,
-        on_event: Callable[[Event], None],
+        on_event: Sink,
     ) -> Done:
         """The transfer's manifest; raises ``Cancelled`` or ``TransferError``."""
         # The worker's named temporary files not yet renamed or removed: bounded by the files

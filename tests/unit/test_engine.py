@@ -123,7 +123,7 @@ def recorded(engine: Engine) -> bool:
     executor: FakeExecutor = engine.executor  # type: ignore[assignment]
     for key, future in executor.submitted.items():
         job_id, idx = key.split(":")
-        if future.done() and (job_id, int(idx)) in engine._active:
+        if future.done() and (job_id, int(idx)) in engine._running:
             return False
     return True
 
