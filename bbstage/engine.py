@@ -68,11 +68,14 @@ class Refused(Exception):
     in a handler is a bug in the daemon, and is answered as one (``handle``)."""
 
 
-# The message of a hook answered after a bug in the daemon (an unexpected exception).
-INTERNAL_ERROR = (
-    "staging daemon internal error ({error}): a bug in bbstage, not a problem with the job;"
-    " the traceback is in the daemon's log (journalctl -u bbstage, hook {hook}, job {job_id})"
-)
+def internal_error(exc: BaseException, op: str, job_id: object) -> str:
+    """The answer to a request that met a bug in the daemon (an unexpected exception): not
+    the job's fault, and where its traceback is (logged by the caller, with ``op``)."""
+    return (
+        f"staging daemon internal error ({type(exc).__name__}): a bug in bbstage, not a problem"
+        f" with the job; the traceback is in the daemon's log (journalctl -u bbstage:"
+        f" {op}, job {job_id})"
+    )
 
 
 @dataclass
@@ -128,8 +131,7 @@ class Engine:
         except Exception as exc:  # a bug: never answered as if the job were at fault
             job_id = request.get("job_id")
             log.exception("hook failed: internal error", hook=request.op, job_id=job_id)
-            error = type(exc).__name__
-            reply = Reply.error(INTERNAL_ERROR.format(error=error, hook=request.op, job_id=job_id))
+            reply = Reply.error(internal_error(exc, request.op, job_id))
         seconds = time.perf_counter() - started
         log.info(
             "hook",

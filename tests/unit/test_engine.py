@@ -5,7 +5,9 @@ a lost state never cost a job its results."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -14,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
+from bbstage import directives
 from bbstage.config import Config, Pool
 from bbstage.engine import Engine
 from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.movers import Cancelled, TransferError
-from bbstage.protocol import Request
+from bbstage.protocol import Request, encode_request
+from bbstage.server import Server
 from bbstage.state import Store
 from bbstage.transfer import AttemptUpdate, Done, Event, Planned, TransferSpec
 from tests.helpers import wait_until_async
@@ -443,3 +448,56 @@ def test_a_jobs_expected_start_and_priority_place_it_in_its_users_queue(engine: 
     ask(engine, "data_in", job_id="61")
     orders = engine.executor.orders  # type: ignore[attr-defined]
     assert orders == [(1700000000.0, -500.0), (float("inf"), -0.0)]
+
+
+def test_a_bug_in_a_hook_handler_is_answered_as_the_daemons_error_not_the_jobs(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception in a handler, a ValueError too (it used to pass for a
+    refusal, its text shown to Slurm as if the script were wrong), is logged with its
+    traceback and answered as a bug in the daemon that names its log; a refusal stays one."""
+
+    def broken(text: str) -> dict[str, Any]:
+        raise ValueError("invalid literal for int() with base 10: 'x'")
+
+    monkeypatch.setattr(directives, "parse", broken)
+    with capture_logs() as logs:
+        status, message = ask(engine, "setup", job_id="5", uid=UID, gid=GID, script=script())
+    assert status == "error"
+    assert message.startswith("staging daemon internal error (ValueError): a bug in bbstage")
+    assert "daemon's log" in message and "setup, job 5" in message
+    assert "invalid literal" not in message  # a bug's own text is for the log, not the job
+    failed = [e for e in logs if e["event"] == "hook failed: internal error"]
+    assert len(failed) == 1 and failed[0]["exc_info"] is True and failed[0]["hook"] == "setup"
+    monkeypatch.undo()
+    with capture_logs() as logs:
+        status, message = ask(engine, "setup", job_id="6", uid=UID, gid=GID, script=script(
+            "stage_in source=/a/ destination=/b/ nonsense=1"))  # fmt: skip
+    assert status == "error" and "internal error" not in message
+    assert not [e for e in logs if e.get("exc_info")]
+
+
+def test_a_bug_answering_a_user_is_the_daemons_error_and_a_refused_copy_a_refusal(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The users' socket too: a refusal (``bbstage copy`` into a job that is not running)
+    is answered with its reason, a bug as the daemon's, logged with its traceback."""
+    engine.config = replace(engine.config, job_check="state")  # no squeue here
+    server = Server(engine)
+    setup(engine, "7", "stage_in source=/a/ destination=/b/")
+    copy = encode_request("copy", job_id="7", source="/a", destination="/b") + b"\n"
+    refused = json.loads(asyncio.run(server.respond(copy, UID)))
+    assert refused == {"status": "error", "message": "copy: job 7 is not running (setup):"
+                       " copies are added from inside the running job"}  # fmt: skip
+
+    def broken(job_id: str) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(engine.store, "job", broken)
+    status = encode_request("status", job_id="7") + b"\n"
+    with capture_logs() as logs:
+        reply = json.loads(asyncio.run(server.respond(status, UID)))
+    assert reply["status"] == "error"
+    assert reply["message"].startswith("staging daemon internal error (OperationalError)")
+    assert [e["op"] for e in logs if e.get("exc_info")] == ["status"]
+    asyncio.run(server.close())
