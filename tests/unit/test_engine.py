@@ -501,3 +501,35 @@ def test_a_bug_answering_a_user_is_the_daemons_error_and_a_refused_copy_a_refusa
     assert reply["message"].startswith("staging daemon internal error (OperationalError)")
     assert [e["op"] for e in logs if e.get("exc_info")] == ["status"]
     asyncio.run(server.close())
+
+
+def test_a_job_only_moves_forward_and_a_hurried_teardown_ends_it_cancelled(
+    engine: Engine,
+) -> None:
+    """A data_in or pre_run Slurm sends again late answers from the record and leaves the job
+    where it is (it used to send a running job back to staging_in); a teardown in a hurry
+    during stage-in cancels the copy and ends the job cancelled, not failed by the copy it
+    cancelled."""
+    setup(engine, "20", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(5, 1), Done(5, 1)))
+    assert ask(engine, "data_in", job_id="20") == ("ok", "")
+    assert ask(engine, "pre_run", job_id="20") == ("ok", "")
+    for hook in ("data_in", "pre_run", "test_data_in"):
+        assert ask(engine, hook, job_id="20") == ("ok", "")
+        job = engine.store.job("20")
+        assert job is not None and job.state == "running", hook
+
+    setup(engine, "21", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(5, 1), None))  # runs until cancelled
+
+    async def scenario() -> None:  # one event loop, as in the daemon
+        reply = await engine.handle(Request("data_in", {"job_id": "21", "wait": False}))
+        assert reply.status == "ok"
+        reply = await engine.handle(Request("teardown", {"job_id": "21", "hurry": True}))
+        assert reply.status == "ok"
+        await wait_until_async(lambda: recorded(engine), 5, "the cancelled copy's end")
+
+    asyncio.run(scenario())
+    job = engine.store.job("21")
+    assert job is not None and (job.state, job.error) == ("cancelled", "")
+    assert states(engine, "21") == ["cancelled"]
