@@ -20,20 +20,30 @@ from structlog.testing import capture_logs
 
 from bbstage import directives
 from bbstage.config import Config, Pool
+from bbstage.contracts import Executor, Sink
 from bbstage.engine import Engine
 from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.movers import Cancelled, TransferError
 from bbstage.protocol import Request, encode_request
 from bbstage.server import Server
 from bbstage.state import Store
-from bbstage.transfer import AttemptUpdate, Done, Event, Planned, TransferSpec
+from bbstage.transfer import AttemptUpdate, Done, Planned, TransferSpec
 from tests.helpers import wait_until_async
 
 UID, GID = 65534, 65534  # nobody: Identity.of accepts any known non-root user
 
 
 class FakeExecutor:
-    """Answers each submit with the next scripted outcome: (plan, Done or an exception)."""
+    """Answers each submit with the next scripted outcome: (plan, Done or an exception). An
+    ``Executor`` (bbstage/contracts.py), as the engine needs."""
+
+    running = queued = 0
+
+    def why(self, key: str) -> str | None:
+        return None
+
+    def users(self) -> dict[int, tuple[int, int]]:
+        return {}
 
     def __init__(self) -> None:
         self.outcomes: list[tuple[Planned, Done | BaseException | None]] = []
@@ -48,7 +58,7 @@ class FakeExecutor:
         key: str,
         spec: TransferSpec,
         identity: Any,
-        on_event: Callable[[Event], None],
+        on_event: Sink,
         order: tuple[Any, ...] = (),
     ) -> Future[Done]:
         self.specs.append(spec)
@@ -93,7 +103,7 @@ class NodesExecutor(FakeExecutor):
         key: str,
         spec: TransferSpec,
         identity: Any,
-        on_event: Callable[[Any], None],
+        on_event: Sink,
         order: tuple[Any, ...] = (),
     ) -> Future[Done]:
         attempt = f"{key}.{uuid.uuid4().hex[:12]}"
@@ -114,7 +124,9 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
     pool = Pool("scratch", tmp_path / "scratch", 1 << 30)
     config = Config(socket=tmp_path / "run" / "control.sock", pools=(pool,))
     store = Store(tmp_path / "state.db")
-    yield Engine(config, store, FakeExecutor())  # type: ignore[arg-type]
+    executor = FakeExecutor()
+    assert isinstance(executor, Executor)
+    yield Engine(config, store, executor)
     store.close()
 
 
@@ -382,7 +394,7 @@ def test_a_restart_marks_the_attempts_it_stopped_lost_and_resumes_with_a_new_one
     outcomes(engine).append((Planned(10, 1), None))
     assert ask(engine, "data_in", job_id="16", wait=False) == ("ok", "")
     restarted_nodes = NodesExecutor(engine.store)
-    restarted = Engine(engine.config, engine.store, restarted_nodes)  # type: ignore[arg-type]
+    restarted = Engine(engine.config, engine.store, restarted_nodes)
     outcomes(restarted).append((Planned(10, 1), Done(10, 1)))
 
     async def resume() -> None:
