@@ -218,8 +218,7 @@ class Server:
 
     def _why(self, key: str) -> str | None:
         """Why a transfer waits for a slot (the executor's fair share), if it does."""
-        why = getattr(self.engine.executor, "why", None)
-        return why(key) if why is not None else None
+        return self.engine.executor.why(key)
 
     async def close(self) -> None:
         for task in list(self._tasks):
