@@ -24,7 +24,7 @@ from bbstage.counts import clamp
 from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.identity import Identity, IdentityError
 from bbstage.movers import BackendOptions, Cancelled, TransferError
-from bbstage.protocol import BUSY, ERROR, OK, Reply, Request, bounded
+from bbstage.protocol import BUSY, ERROR, OK, ProtocolError, Reply, Request, bounded
 from bbstage.state import (
     FINISHED,
     UNFINISHED,
@@ -128,6 +128,8 @@ class Engine:
             reply = await self._ops[request.op](request)
         except (Refused, IdentityError) as exc:
             reply = Reply.error(str(exc))
+        except ProtocolError as exc:  # the request's own fault (a job id that is no number)
+            reply = Reply.error(f"bad request: {exc}")
         except Exception as exc:  # a bug: never answered as if the job were at fault
             job_id = request.get("job_id")
             log.exception("hook failed: internal error", hook=request.op, job_id=job_id)
@@ -573,7 +575,7 @@ class Engine:
         # An earlier attempt (before a restart, or killed) may have left temporary files.
         try:
             spec = self._spec(job, d).but(resumed=d.started is not None)
-        except ValueError as exc:  # $BB_SCRATCH in a job without scratch
+        except (ValueError, TransferError) as exc:  # no scratch for $BB_SCRATCH, no backend
             raise Refused(str(exc)) from None
         self.store.set_directive(
             job.job_id, d.idx, state=DirectiveState.RUNNING, error="", started=time.time()

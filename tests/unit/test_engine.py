@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from bbstage import directives
+from bbstage import directives, movers
 from bbstage.config import Config, Pool
 from bbstage.contracts import Executor, Sink
 from bbstage.engine import Engine
@@ -485,7 +485,18 @@ def test_a_bug_in_a_hook_handler_is_answered_as_the_daemons_error_not_the_jobs(
     with capture_logs() as logs:
         status, message = ask(engine, "setup", job_id="6", uid=UID, gid=GID, script=script(
             "stage_in source=/a/ destination=/b/ nonsense=1"))  # fmt: skip
-    assert status == "error" and "internal error" not in message
+        assert status == "error" and "internal error" not in message
+        status, message = ask(engine, "data_in", job_id="x1")  # a bad request: no bug either
+        assert message == "bad request: data_in: job_id must be a number, got 'x1'"
+
+        def no_backend(*args: Any) -> None:
+            raise TransferError("the gs backend cannot load: install gcsfs")
+
+        monkeypatch.setattr(movers, "options_for", no_backend)  # a site's setup, not a bug
+        setup(engine, "7", "stage_in source=/a/ destination=/b/")
+        assert ask(engine, "data_in", job_id="7") == (
+            "error", "the gs backend cannot load: install gcsfs"
+        )  # fmt: skip
     assert not [e for e in logs if e.get("exc_info")]
 
 
