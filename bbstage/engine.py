@@ -85,7 +85,7 @@ class _Running:
     executor's thread (each a whole new value, or one dict item: atomic), read on the loop."""
 
     tries: int = 1  # which try this is (a transient failure starts the next, up to ATTEMPTS)
-    future: asyncio.Future[Done] = field(init=False)  # set once submitted
+    future: asyncio.Future[Done] = field(init=False, repr=False)  # set once submitted
     # The latest plan/progress counts (Planned, Moved), saved by record_progress.
     counts: dict[str, int] = field(default_factory=dict)
     final: bool = False  # its walk ended: the counts are the plan
