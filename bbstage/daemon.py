@@ -14,6 +14,7 @@ import structlog
 from bbstage import log as logsetup
 from bbstage import metrics, reconcile
 from bbstage.config import Config
+from bbstage.contracts import Executor
 from bbstage.engine import Engine
 from bbstage.executor import TransferExecutor
 from bbstage.server import Server
@@ -59,7 +60,7 @@ async def _main(config: Config) -> int:
         print(f"bbstage daemon: {exc}", file=sys.stderr)
         return 1
     store = Store(config.state_dir / "state.db")
-    executor: TransferExecutor
+    executor: Executor
     if config.movers.executor == "dask":
         try:
             import distributed  # noqa: F401  (only when configured)
@@ -70,7 +71,7 @@ async def _main(config: Config) -> int:
             return 1
         from bbstage.dask_executor import DaskExecutor
 
-        executor = DaskExecutor(  # type: ignore[assignment]
+        executor = DaskExecutor(
             config.movers,
             config.transfers,
             policy=config.fairshare.policy,

@@ -1,14 +1,13 @@
 """Runs transfers as tasks on a Dask distributed cluster of data-transfer nodes.
 
-The same two methods as ``bbstage.executor.TransferExecutor`` (``submit``, ``cancel``):
-the daemon stays the source of truth, Dask is a disposable executor. Each submitted
-transfer is one attempt (an id in the log and in the task's key) that runs
-``bbstage.dask_task.run_attempt`` on a worker with one unit of the configured resource;
-there the copy runs in a child process as the job's user. Progress comes back on the
-attempt's ``log_event`` topic; the outcome is the task's result, and its ``Planned`` is
-handed to ``on_event`` before the future resolves, so the engine's check "the manifest
-covers the plan" always has this attempt's plan, and nothing of the attempt reaches
-``on_event`` after it.
+A ``bbstage.executor.Executor``, as the local ``TransferExecutor`` is: the daemon stays the
+source of truth, Dask is a disposable executor. Each submitted transfer is one attempt (an
+id in the log and in the task's key) that runs ``bbstage.dask_task.run_attempt`` on a worker
+with one unit of the configured resource; there the copy runs in a child process as the
+job's user. Progress comes back on the attempt's ``log_event`` topic; the outcome is the
+task's result, and its ``Planned`` is handed to ``on_event`` before the future resolves, so
+the engine's check "the manifest covers the plan" always has this attempt's plan, and
+nothing of the attempt reaches ``on_event`` after it.
 
 Dask does not stop a running task, so ``cancel`` sets the attempt's ``distributed.Event``
 (the task polls it and kills the copy's process group) and waits for the task to end.
@@ -52,10 +51,12 @@ import structlog
 from bbstage import codec, dask_client, dask_task, fairshare, planning, stall
 from bbstage import movers as backends
 from bbstage.config import Movers
+from bbstage.contracts import Sink
 from bbstage.dask_client import Connection, connected
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
 from bbstage.split import Split
+from bbstage.state import AttemptState
 from bbstage.transfer import (
     AttemptUpdate,
     Done,
@@ -78,7 +79,7 @@ class _Attempt:
     id: str
     on_event: Any  # Planned and Moved (a shard's: summed by Split)
     future: Future[Done]
-    tell: Any  # the transfer's on_event: this attempt's AttemptUpdate
+    tell: Sink  # the transfer's on_event: this attempt's AttemptUpdate
     shard: TreeShard | FileRange = TreeShard(0, 1)
     client: Any = None  # the distributed.Client it was submitted through
     dask: Any = None  # distributed.Future, once submitted
@@ -93,7 +94,7 @@ class _Attempt:
     events: threading.Lock = field(default_factory=threading.Lock)
     released: bool = False
 
-    def update(self, state: str = "running", error: str = "") -> AttemptUpdate:
+    def update(self, state: AttemptState = AttemptState.RUNNING, error: str = "") -> AttemptUpdate:
         """The attempt as the engine is told it."""
         moved, shard = self.moved, self.shard
         return AttemptUpdate(
@@ -156,9 +157,9 @@ class DaskExecutor:
         key: str,
         spec: TransferSpec,
         identity: Identity,
-        on_event: Any,
+        on_event: Sink,
         order: tuple[Any, ...] = (),
-    ) -> Future:
+    ) -> Future[Done]:
         """Queue a transfer in its user's queue; once picked it starts on the cluster.
         ``on_event`` gets ``Planned`` and ``Moved``, and an ``AttemptUpdate`` for each
         attempt (the first before it is submitted)."""
@@ -308,7 +309,7 @@ class DaskExecutor:
         return max(1, sum(1 for w in workers if w.get("resources", {}).get(tag)))
 
     def _guarded(
-        self, key: str, spec: TransferSpec, identity: Identity, on_event: Any, future: Future[Done]
+        self, key: str, spec: TransferSpec, identity: Identity, on_event: Sink, future: Future[Done]
     ) -> None:
         """Split the transfer into its attempts and start them; whatever happens, the
         future gets an outcome."""
@@ -526,11 +527,11 @@ class DaskExecutor:
         """The attempt's last ``AttemptUpdate``: a done one's counts are its manifest's."""
         if done is not None:
             attempt.moved = Moved(done.bytes, done.files)
-            update = attempt.update("done")
+            update = attempt.update(AttemptState.DONE)
         elif isinstance(error, Cancelled):
-            update = attempt.update("cancelled")
+            update = attempt.update(AttemptState.CANCELLED)
         else:
-            update = attempt.update("failed", str(error))
+            update = attempt.update(AttemptState.FAILED, str(error))
         try:
             attempt.tell(update)
         except Exception as exc:  # e.g. the daemon closed its state while shutting down

@@ -12,28 +12,27 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
 
 from bbstage import directives, leftovers, report, retrying, scratch, slurmdirs, staged
 from bbstage.config import Config
+from bbstage.contracts import Executor
 from bbstage.counts import clamp
 from bbstage.events import EngineEvent, HookAnswered, TransferEnded
-from bbstage.executor import TransferExecutor
 from bbstage.identity import Identity, IdentityError
 from bbstage.movers import Cancelled, TransferError
-from bbstage.protocol import BUSY, ERROR, OK, Reply, Request, bounded
+from bbstage.protocol import BUSY, ERROR, OK, ProtocolError, Reply, Request, bounded
 from bbstage.state import (
-    CANCELLED,
-    DONE,
-    FAILED,
     FINISHED,
-    PENDING,
-    RUNNING,
+    UNFINISHED,
+    AttemptState,
     DirectiveRow,
+    DirectiveState,
     JobRow,
+    JobState,
     Store,
 )
 from bbstage.transfer import (
@@ -50,7 +49,11 @@ log = structlog.get_logger("bbstage.engine")
 
 PROGRESS_EVERY = 1.0  # seconds between saves of the running transfers' progress
 ATTEMPTS = retrying.TRANSFER.tries  # a transfer that fails transiently is run again
-_PHASE = {"stage_in": ("staging_in", "staged_in"), "stage_out": ("staging_out", "staged_out")}
+_PHASE = {
+    "stage_in": (JobState.STAGING_IN, JobState.STAGED_IN),
+    "stage_out": (JobState.STAGING_OUT, JobState.STAGED_OUT),
+}
+_LIFECYCLE = list(JobState)  # in order (JobState's): a phase is entered from before it only
 # An in-job copy (`bbstage copy`, no --at-end) is a directive of this verb, added while the job
 # runs; it is one of the job's outputs: its stage-out waits for it (``_of_phase``). A copy
 # --at-end is a plain stage_out added at run time.
@@ -58,21 +61,47 @@ COPY = "copy"
 MAX_JOB_DIRECTIVES = 1024  # a script's directives and its in-job copies together
 
 
+class Refused(Exception):
+    """A request the engine answers "no" to, with the reason for whoever sent it (a script's
+    error, an unknown pool, a job not running...). Not a ``ValueError``: any other exception
+    in a handler is a bug in the daemon, and is answered as one (``handle``)."""
+
+
+def internal_error(exc: BaseException, op: str, job_id: object) -> str:
+    """The answer to a request that met a bug in the daemon (an unexpected exception): not
+    the job's fault, and where its traceback is (logged by the caller, with ``op``)."""
+    return (
+        f"staging daemon internal error ({type(exc).__name__}): a bug in bbstage, not a problem"
+        f" with the job; the traceback is in the daemon's log (journalctl -u bbstage:"
+        f" {op}, job {job_id})"
+    )
+
+
+@dataclass
+class _Running:
+    """One running transfer (a directive's, or an in-job copy's): its future, and what the
+    engine keeps of it until it ends. ``counts`` and ``attempts`` are written in the
+    executor's thread (each a whole new value, or one dict item: atomic), read on the loop."""
+
+    tries: int = 1  # which try this is (a transient failure starts the next, up to ATTEMPTS)
+    future: asyncio.Future[Done] = field(init=False, repr=False)  # set once submitted
+    # The latest plan/progress counts (Planned, Moved), saved by record_progress.
+    counts: dict[str, int] = field(default_factory=dict)
+    final: bool = False  # its walk ended: the counts are the plan
+    # Its attempts on transfer nodes (Dask) still running: their latest update, by id.
+    attempts: dict[str, AttemptUpdate] = field(default_factory=dict)
+
+
 class Engine:
-    def __init__(self, config: Config, store: Store, executor: TransferExecutor) -> None:
+    def __init__(self, config: Config, store: Store, executor: Executor) -> None:
         self.config, self.store, self.executor = config, store, executor
         self._staged = staged.directory(config)
         staged.prepare(self._staged)
-        self._active: dict[tuple[str, int], asyncio.Future[Done]] = {}
-        # Running transfers' latest plan/progress counts, saved by record_progress.
-        self._counts: dict[tuple[str, int], dict[str, int]] = {}
-        self._final: set[tuple[str, int]] = set()  # their walk ended: the counts are the plan
-        # Running attempts on transfer nodes (Dask): their latest update, by attempt id.
-        self._moving: dict[str, AttemptUpdate] = {}
-        self._attempts: dict[tuple[str, int], int] = {}
+        self._running: dict[tuple[str, int], _Running] = {}  # by (job id, directive index)
         # Each job's place in its user's queue (the executor's fair share), from the hooks.
         self._order: dict[str, tuple[float, float]] = {}
         self._sweeps = leftovers.Pace()  # sweeps of jobs unknown here, paced per job
+        self._tearing: set[str] = set()  # jobs whose teardown is deciding their end
         self._stopping = False
         self._listeners: list[Callable[[EngineEvent], None]] = []
         self._ops: dict[str, Callable[[Request], Awaitable[Reply]]] = {
@@ -96,8 +125,14 @@ class Engine:
             if request.op in ("setup", "data_in", "data_out"):
                 self._order[request.job_id] = _order_of(request)
             reply = await self._ops[request.op](request)
-        except (ValueError, IdentityError) as exc:
+        except (Refused, IdentityError) as exc:
             reply = Reply.error(str(exc))
+        except ProtocolError as exc:  # the request's own fault (a job id that is no number)
+            reply = Reply.error(f"bad request: {exc}")
+        except Exception as exc:  # a bug: never answered as if the job were at fault
+            job_id = request.get("job_id")
+            log.exception("hook failed: internal error", hook=request.op, job_id=job_id)
+            reply = Reply.error(internal_error(exc, request.op, job_id))
         seconds = time.perf_counter() - started
         log.info(
             "hook",
@@ -136,13 +171,13 @@ class Engine:
         if lost:
             log.info("attempts lost with the daemon's stop", attempts=len(lost))
             self.executor.abandon(lost)
-        for job in self.store.jobs(("staging_in", "staging_out")):
-            verb = "stage_in" if job.state == "staging_in" else "stage_out"
+        for job in self.store.jobs((JobState.STAGING_IN, JobState.STAGING_OUT)):
+            verb = "stage_in" if job.state == JobState.STAGING_IN else "stage_out"
             log.info("resuming", job_id=job.job_id, phase=verb)
             self._start_phase(job, verb)
-        for job in self.store.jobs(("running",)):  # its in-job copies under way
+        for job in self.store.jobs((JobState.RUNNING,)):  # its in-job copies under way
             for d in job.directives:
-                if d.verb == COPY and d.state in (PENDING, RUNNING):
+                if d.verb == COPY and d.state in UNFINISHED:
                     log.info("resuming", job_id=job.job_id, copy=d.idx)
                     self._start(job, d)
 
@@ -151,15 +186,19 @@ class Engine:
     def add_copy(
         self, job: JobRow, source: str, destination: str, options: dict[str, str], at_end: bool
     ) -> DirectiveRow:
-        """Add a copy to a running job, checked by a directive's rules (ValueError with the
+        """Add a copy to a running job, checked by a directive's rules (``Refused`` with the
         directive's message): started now, or (``at_end``) a stage-out like the script's.
         The caller has checked that the job runs and is the caller's."""
-        if job.state != "running":
-            raise ValueError(f"job {job.job_id} is not running ({job.state}): copies are"
-                             " added from inside the running job")  # fmt: skip
-        spec = directives.copy(source, destination, options)
-        spec |= {"verb": "stage_out" if at_end else COPY, "origin": "at_end" if at_end else COPY}
-        d = self.store.add_directive(job.job_id, spec, MAX_JOB_DIRECTIVES)
+        if job.state != JobState.RUNNING:
+            raise Refused(f"job {job.job_id} is not running ({job.state}): copies are"
+                          " added from inside the running job")  # fmt: skip
+        try:
+            spec = directives.copy(source, destination, options)
+            spec |= {"verb": "stage_out" if at_end else COPY,
+                     "origin": "at_end" if at_end else COPY}  # fmt: skip
+            d = self.store.add_directive(job.job_id, spec, MAX_JOB_DIRECTIVES)
+        except ValueError as exc:  # the directive's rules, the most a job may have
+            raise Refused(str(exc)) from None
         log.info("copy added", job_id=job.job_id, index=d.idx, at_end=at_end)
         if not at_end:
             self._start(self.store.job(job.job_id) or job, d)
@@ -170,14 +209,16 @@ class Engine:
         --at-end that has not started."""
         d = next((d for d in job.directives if d.idx == idx and d.spec.get("origin")), None)
         if d is None:
-            raise ValueError(f"job {job.job_id} has no copy {idx}")
-        if d.state in (PENDING, RUNNING):
-            if (job.job_id, idx) in self._active:
+            raise Refused(f"job {job.job_id} has no copy {idx}")
+        if d.state in UNFINISHED:
+            if (job.job_id, idx) in self._running:
                 await self._cancel(job.job_id, idx)
             current = self.store.job(job.job_id)
             row = next(r for r in current.directives if r.idx == idx) if current else d
-            if row.state in (PENDING, RUNNING):
-                self.store.set_directive(job.job_id, idx, state=CANCELLED, finished=time.time())
+            if row.state in UNFINISHED:
+                self.store.set_directive(
+                    job.job_id, idx, state=DirectiveState.CANCELLED, finished=time.time()
+                )
         current = self.store.job(job.job_id)
         return next((r for r in current.directives if r.idx == idx), d) if current else d
 
@@ -199,7 +240,7 @@ class Engine:
                 return Reply.ok()  # a re-run of setup: already done
             await self._forget_stale(job)
         if req.get("stage_in") is True:
-            job = self._create(req, job_id, state="staging_in")
+            job = self._create(req, job_id, state=JobState.STAGING_IN)
             # Right after this reply goes out: Slurm sets up a job array's tasks in bursts,
             # and the next setup is waiting. (A restart resumes jobs in staging_in.)
             asyncio.get_running_loop().call_soon(self._start_phase, job, "stage_in")
@@ -213,7 +254,7 @@ class Engine:
         results (``<pool>/<id>.kept-<time>``), and let the new job have the id."""
         log.warning("job id reused: the unfinished earlier record is replaced", job_id=job.job_id,
                     old_uid=job.uid, old_state=job.state)  # fmt: skip
-        running = [d for d in job.directives if (job.job_id, d.idx) in self._active]
+        running = [d for d in job.directives if (job.job_id, d.idx) in self._running]
         await asyncio.gather(*(self._cancel(job.job_id, d.idx) for d in running))
         pool = self.config.pool(job.pool)
         if pool is not None and job.scratch:
@@ -224,25 +265,29 @@ class Engine:
                 await asyncio.to_thread(scratch.remove, pool, job.job_id)
 
     def _create(
-        self, req: Request, job_id: str, state: str = "setup", origin: str = "setup"
+        self,
+        req: Request,
+        job_id: str,
+        state: JobState = JobState.SETUP,
+        origin: str = "setup",
     ) -> JobRow:
-        """Record a new job (in ``state``) and create its scratch space; ValueError if the
-        script, the owner or the pool request is not acceptable."""
+        """Record a new job (in ``state``) and create its scratch space; ``Refused`` (or
+        ``IdentityError``) if the script, the owner or the pool request is not acceptable."""
         parsed = directives.parse(req.get("script", ""))
         if parsed["errors"]:
-            raise ValueError("; ".join(e["message"] for e in parsed["errors"][:3]))
+            raise Refused("; ".join(e["message"] for e in parsed["errors"][:3]))
         uid, gid = int(req.get("uid", -1)), int(req.get("gid", -1))
         Identity.of(uid, gid)  # refuse unknown users and root before creating anything
         wanted = _slurm_value(req.get("pool")) or parsed.get("pool")
         pool = self.config.pool(wanted)
         if wanted and pool is None:
-            raise ValueError(f"unknown pool {wanted!r}: see `bbstage pools`")
+            raise Refused(f"unknown pool {wanted!r}: see `bbstage pools`")
         size = int(req.get("size") or parsed.get("capacity") or 0)
         path = None
         if pool is not None:
             free = max(0, pool.capacity - self.store.reserved().get(pool.name, 0))
             if size and size > free:
-                raise ValueError(
+                raise Refused(
                     f"pool {pool.name} has {free} bytes free, the job asks for capacity={size}"
                 )
             recovered = origin == "recovered"
@@ -283,16 +328,17 @@ class Engine:
         if job.state in FINISHED:
             # Torn down before it ran (its scratch is gone): Slurm lost track of it, e.g. a
             # slurmctld restart while its stage-in hook ran. A new setup makes a new record.
-            raise ValueError(
+            raise Refused(
                 f"job {job.job_id} was torn down before it started ({job.state}):"
                 " its staged inputs are gone; requeue or resubmit it"
             )
-        if job.state in ("setup", "staging_in") or self._test(job.job_id, "stage_in").status != OK:
-            raise ValueError(f"job {job.job_id}: its stage-in has not finished ({job.state})")
+        waiting = job.state in (JobState.SETUP, JobState.STAGING_IN)
+        if waiting or self._test(job.job_id, "stage_in").status != OK:
+            raise Refused(f"job {job.job_id}: its stage-in has not finished ({job.state})")
         if req.get("nodes"):  # 24.05+: job_info.nodes, known from pre_run on
             log.info("job starts", job_id=job.job_id, nodes=req.get("nodes"))
-        if job.state not in FINISHED:
-            self.store.set_job(job.job_id, state="running")
+        if job.state == JobState.STAGED_IN:  # not a re-run of pre_run (running or later)
+            self.store.set_job(job.job_id, state=JobState.RUNNING)
         return Reply.ok()
 
     async def post_run(self, req: Request) -> Reply:
@@ -300,20 +346,41 @@ class Engine:
         return Reply.ok()
 
     async def teardown(self, req: Request) -> Reply:
-        staged.unmark(self._staged, req.job_id)
-        self._order.pop(req.job_id, None)
-        job = self.store.job(req.job_id)
-        if job is None:
+        if self.store.job(req.job_id) is None:
+            staged.unmark(self._staged, req.job_id)
+            self._order.pop(req.job_id, None)
             await self._sweep_lost(req)
-            return Reply.ok()
-        hurry = req.get("hurry") in (True, "true")
-        copies = [self._active[(job.job_id, d.idx)] for d in job.directives
-                  if d.verb == COPY and (job.job_id, d.idx) in self._active]  # fmt: skip
+        else:
+            await self.end_job(req.job_id, hurry=req.get("hurry") in (True, "true"))
+        return Reply.ok()
+
+    async def end_job(self, job_id: str, hurry: bool) -> None:
+        """Tear a job down: Slurm's teardown hook, or (``bbstage.reconcile``, in a ``hurry``)
+        for a job Slurm no longer runs. In-job copies finish first unless ``hurry``, which
+        cancels every transfer; the scratch goes unless it holds results."""
+        staged.unmark(self._staged, job_id)
+        self._order.pop(job_id, None)
+        job = self.store.job(job_id)
+        if job is None:
+            return
+        copies = [r.future for d in job.directives if d.verb == COPY
+                  and (r := self._running.get((job.job_id, d.idx))) is not None]  # fmt: skip
         if copies and not hurry:  # outputs: they finish before the scratch goes
             log.info("teardown waits for in-job copies", job_id=job.job_id, copies=len(copies))
             await asyncio.wait(copies)
-            job = self.store.job(req.job_id) or job
-        cancelled = [d for d in job.directives if d.state in (PENDING, RUNNING)]
+            job = self.store.job(job_id) or job
+        # From here the teardown decides the job's end: the transfers it cancels do not
+        # settle their phase (``_settle``).
+        self._tearing.add(job_id)
+        try:
+            await self._tear_down(job, hurry)
+        finally:
+            self._tearing.discard(job_id)
+
+    async def _tear_down(self, job: JobRow, hurry: bool) -> None:
+        """Stop the transfers of ``job`` (``hurry``), remove its scratch unless it holds
+        results, and end it (from what ``job`` says: the transfers' state before it)."""
+        cancelled = [d for d in job.directives if d.state in UNFINISHED]
         if hurry and cancelled:
             await asyncio.gather(*(self._cancel(job.job_id, d.idx) for d in cancelled))
             log.info(
@@ -323,22 +390,35 @@ class Engine:
         if job.origin != "setup":
             # Recreated after the daemon lost its state: whatever scratch holds is not ours
             # to judge, so it stays (an admin removes it; `bbstage jobs` lists it).
-            error = f"state was lost: scratch {job.scratch} kept"
-            self.store.set_job(job.job_id, state="failed", error=_join(job.error, error))
+            self._fail(job, f"state was lost: scratch {job.scratch} kept")
             log.warning("scratch kept", job_id=job.job_id, scratch=job.scratch, reason="recovered")
         elif _outputs_at_risk(job):
             # Never delete results that did not reach their destination.
             days = self.config.retention_days
-            error = f"stage-out incomplete: outputs kept in {job.scratch} for {days:g} days"
-            self.store.set_job(job.job_id, state="failed", error=_join(job.error, error))
+            self._fail(
+                job, f"stage-out incomplete: outputs kept in {job.scratch} for {days:g} days"
+            )
             log.warning("scratch kept", job_id=job.job_id, scratch=job.scratch)
         else:
             if pool is not None:
                 await asyncio.to_thread(scratch.remove, pool, job.job_id)
             if job.state not in FINISHED:
-                state = "cancelled" if hurry and job.state != "staged_out" else "done"
-                self.store.set_job(job.job_id, state=state)
-        return Reply.ok()
+                hurried = hurry and job.state != JobState.STAGED_OUT
+                self.store.set_job(
+                    job.job_id, state=JobState.CANCELLED if hurried else JobState.DONE
+                )
+
+    def _fail(self, job: JobRow, error: str) -> None:
+        """Fail ``job`` with ``error`` added to its own (a failed job just gets the error)."""
+        if job.state == JobState.FAILED:
+            self.store.set_job(job.job_id, error=_join(job.error, error))
+        else:
+            self.store.set_job(job.job_id, state=JobState.FAILED, error=_join(job.error, error))
+
+    def fail_job(self, job_id: str, error: str) -> None:
+        """Fail a job for ``error``, a reason found outside its hooks (``bbstage.reconcile``:
+        Slurm stranded it); ``IllegalTransition`` if it has ended other than cancelled."""
+        self.store.set_job(job_id, state=JobState.FAILED, error=error)
 
     async def record_progress(self) -> None:
         """Every ``PROGRESS_EVERY`` seconds, save the running transfers' counts, and their
@@ -348,24 +428,29 @@ class Engine:
         saved: dict[str, AttemptUpdate] = {}
         while True:
             await asyncio.sleep(PROGRESS_EVERY)
-            for (job_id, idx), counts in list(self._counts.items()):
-                if written.get((job_id, idx)) is not counts:
+            for (job_id, idx), run in list(self._running.items()):
+                counts = run.counts
+                if counts and written.get((job_id, idx)) is not counts:
                     written[(job_id, idx)] = counts  # tried once: a bad one is not retried
                     try:
                         self.store.set_directive(job_id, idx, **counts)
                     except Exception:  # one bad record must not stop everyone's progress
                         log.exception("progress not saved", job_id=job_id, directive=idx)
-            written = {k: v for k, v in written.items() if k in self._counts}
+            written = {k: v for k, v in written.items() if k in self._running}
             try:
                 saved = self._save_attempts(saved)
             except Exception:
-                saved = dict(self._moving)  # not tried again until they change
+                saved = self._moving()  # not tried again until they change
                 log.exception("attempts' progress not saved")
+
+    def _moving(self) -> dict[str, AttemptUpdate]:
+        """The running attempts on transfer nodes (Dask): their latest update, by id."""
+        return {i: u for run in list(self._running.values()) for i, u in dict(run.attempts).items()}
 
     def _save_attempts(self, saved: dict[str, AttemptUpdate]) -> dict[str, AttemptUpdate]:
         """Save the running attempts' updates not ``saved`` yet (one transaction); the
         updates saved now."""
-        moving = dict(self._moving)
+        moving = self._moving()
         changed = [u for u in moving.values() if saved.get(u.id) is not u]
         if changed:
             self.store.attempt_progress([(u.id, u.node, u.bytes, u.files) for u in changed])
@@ -390,7 +475,7 @@ class Engine:
     def _known(self, req: Request) -> JobRow:
         job = self.store.job(req.job_id)
         if job is None:
-            raise ValueError(
+            raise Refused(
                 f"job {req.job_id} is unknown to the staging daemon (its state was lost):"
                 " requeue the job"
             )
@@ -401,7 +486,7 @@ class Engine:
         after the daemon lost its state: marked ``recovered``, so teardown deletes nothing."""
         job = self.store.job(req.job_id)
         if job is None and req.get("uid") is not None and req.get("script"):
-            state = "setup" if verb == "stage_in" else "running"
+            state = JobState.SETUP if verb == "stage_in" else JobState.RUNNING
             job = self._create(req, req.job_id, state=state, origin="recovered")
             log.warning("job recreated after a lost state", job_id=job.job_id, phase=verb)
         if job is None:
@@ -433,7 +518,10 @@ class Engine:
     async def _stage(self, req: Request, verb: str) -> Reply:
         job = await self._job(req, verb)
         if job.state in FINISHED:
-            if any(d.verb == verb and d.state in (FAILED, CANCELLED) for d in job.directives):
+            if any(
+                d.verb == verb and d.state in (DirectiveState.FAILED, DirectiveState.CANCELLED)
+                for d in job.directives
+            ):
                 return self._test(job.job_id, verb)  # e.g. the stage-in setup started failed
             return Reply.error(f"job {job.job_id} was already torn down ({job.state})")
         futures = self._begin(job, verb)
@@ -445,15 +533,18 @@ class Engine:
         keys = [(job.job_id, d.idx) for d in job.directives if _of_phase(d, verb)]
         while futures:
             await asyncio.wait(futures)
-            futures = [self._active[k] for k in keys if k in self._active]
+            futures = [self._running[k].future for k in keys if k in self._running]
         reply = self._test(job.job_id, verb)
         if reply.status == BUSY:  # e.g. stopped by a shutdown: never "done" by default
             return Reply.error(f"job {job.job_id}: {verb} interrupted, try again")
         return reply
 
     def _begin(self, job: JobRow, verb: str) -> list[asyncio.Future[Done]]:
-        """Enter the phase (unless the job is in it or past it) and start or join its transfers."""
+        """Enter the phase if the job is before it, and start or join its transfers; a job
+        past it (a hook sent again late) is answered from the record."""
         staging, staged = _PHASE[verb]
+        if _LIFECYCLE.index(job.state) > _LIFECYCLE.index(staged):
+            return []
         if job.state not in (staging, staged):
             self.store.set_job(job.job_id, state=staging, error="")
             job = self.store.job(job.job_id) or job
@@ -463,95 +554,102 @@ class Engine:
         """Start (or join) every unfinished directive of one direction."""
         futures = []
         for d in job.directives:
-            if not _of_phase(d, verb) or d.state == DONE:
+            if not _of_phase(d, verb) or d.state == DirectiveState.DONE:
                 continue
-            ended = d.state == FAILED or (_added(d) and d.state == CANCELLED)
-            if ended and (job.job_id, d.idx) not in self._active:
+            ended = d.state in (DirectiveState.FAILED, DirectiveState.CANCELLED)
+            if ended and (job.job_id, d.idx) not in self._running:
                 continue  # a recorded failure (or a cancelled copy) stands until teardown
             futures.append(self._start(job, d))
         if not futures:
             self._settle(self.store.job(job.job_id), verb)  # nothing (left) to move
         return futures
 
-    def _start(self, job: JobRow, d: DirectiveRow) -> asyncio.Future[Done]:
+    def _start(self, job: JobRow, d: DirectiveRow, tries: int = 1) -> asyncio.Future[Done]:
+        """Start a directive's transfer (its ``tries``-th try), or join the one running."""
         key = (job.job_id, d.idx)
-        if key in self._active:
-            return self._active[key]
+        if key in self._running:
+            return self._running[key].future
         assert job.uid is not None and job.gid is not None
         identity = Identity.of(job.uid, job.gid)
         # An earlier attempt (before a restart, or killed) may have left temporary files.
-        spec = self._spec(job, d).but(resumed=d.started is not None)
-        self.store.set_directive(job.job_id, d.idx, state=RUNNING, error="", started=time.time())
+        try:
+            spec = self._spec(job, d).but(resumed=d.started is not None)
+        except (ValueError, TransferError) as exc:  # no scratch for $BB_SCRATCH, no backend
+            raise Refused(str(exc)) from None
+        self.store.set_directive(
+            job.job_id, d.idx, state=DirectiveState.RUNNING, error="", started=time.time()
+        )
+        order = self._order.get(job.job_id, (math.inf, 0.0))
+        run = _Running(tries)
 
         def on_event(event: Event | AttemptUpdate) -> None:  # in the executor's thread
-            counts = self._counts.get(key, {})
-            # Counts within what SQLite stores: the Dask executor sums its shards' in root.
-            if isinstance(event, AttemptUpdate):
-                event = replace(event, bytes=clamp(event.bytes), files=clamp(event.files))
-                self._attempt(job.job_id, d.idx, event)
-            elif isinstance(event, Planned):  # the counts so far while walking, then final
-                self._counts[key] = {**counts, "bytes_total": clamp(event.bytes),
-                                     "files_total": clamp(event.files),
-                                     "files_skipped": clamp(event.skipped)}  # fmt: skip
-                if event.final:
-                    self._final.add(key)
-            elif isinstance(event, Moved):
-                self._counts[key] = {**counts, "bytes_done": clamp(event.bytes),
-                                     "files_done": clamp(event.files)}  # fmt: skip
+            self._on_event(job.job_id, d.idx, run, event)
 
-        order = self._order.get(job.job_id, (math.inf, 0.0))
         cf = self.executor.submit(f"{job.job_id}:{d.idx}", spec, identity, on_event, order=order)
-        future = asyncio.wrap_future(cf)
-        future.add_done_callback(lambda f: self._finished(job.job_id, d, f))
-        self._active[key] = future
+        run.future = asyncio.wrap_future(cf)
+        self._running[key] = run
+        run.future.add_done_callback(lambda f: self._finished(job.job_id, d, run))
         log.debug("transfer started", job_id=job.job_id, directive=d.idx, verb=d.verb)
-        return future
+        return run.future
 
-    def _attempt(self, job_id: str, idx: int, update: AttemptUpdate) -> None:
+    def _on_event(self, job_id: str, idx: int, run: _Running, event: Event | AttemptUpdate) -> None:
+        """A running transfer's event (in the executor's thread): its counts kept for
+        ``record_progress`` (within what SQLite stores: the Dask executor sums its shards'
+        in root), an attempt on a transfer node recorded."""
+        if isinstance(event, AttemptUpdate):
+            event = replace(event, bytes=clamp(event.bytes), files=clamp(event.files))
+            self._attempt(job_id, idx, run, event)
+        elif isinstance(event, Planned):  # the counts so far while walking, then final
+            run.counts = {**run.counts, "bytes_total": clamp(event.bytes),
+                          "files_total": clamp(event.files),
+                          "files_skipped": clamp(event.skipped)}  # fmt: skip
+            run.final = run.final or event.final
+        elif isinstance(event, Moved):
+            run.counts = {**run.counts, "bytes_done": clamp(event.bytes),
+                          "files_done": clamp(event.files)}  # fmt: skip
+
+    def _attempt(self, job_id: str, idx: int, run: _Running, update: AttemptUpdate) -> None:
         """An attempt on a transfer node (in the executor's thread): recorded at its first
         update, which comes before the executor submits it; its progress kept for
         ``record_progress``; its end recorded at once."""
-        if update.state != RUNNING:
-            self._moving.pop(update.id, None)
+        if update.state != AttemptState.RUNNING:
+            run.attempts.pop(update.id, None)
             self.store.end_attempt(
                 update.id, update.state, update.node, update.bytes, update.files, update.error
             )
-        elif update.id in self._moving:
-            self._moving[update.id] = update
+        elif update.id in run.attempts:
+            run.attempts[update.id] = update
         else:
             self.store.add_attempt(job_id, idx, update.id, update.shard, update.shards)
-            self._moving[update.id] = update
+            run.attempts[update.id] = update
 
-    def _finished(self, job_id: str, d: DirectiveRow, future: asyncio.Future[Done]) -> None:
+    def _finished(self, job_id: str, d: DirectiveRow, run: _Running) -> None:
         """Record a transfer's outcome (``_record_end``). Should that fail (a count the state
         cannot hold, a database error), the directive is failed with the reason instead of
         staying ``running`` for ever, and the job settled."""
         try:
-            self._record_end(job_id, d, future)
+            self._record_end(job_id, d, run)
         except Exception as exc:
             log.exception("transfer outcome not recorded", job_id=job_id, directive=d.idx)
-            if (job_id, d.idx) in self._active:  # a new attempt started: it will record
+            if (job_id, d.idx) in self._running:  # a new attempt started: it will record
                 return
-            self._attempts.pop((job_id, d.idx), None)
             error = f"internal error while recording the transfer's end: {exc!r}"
             try:
-                self.store.set_directive(job_id, d.idx, state=FAILED, error=error,
+                self.store.set_directive(job_id, d.idx, state=DirectiveState.FAILED, error=error,
                                          finished=time.time())  # fmt: skip
                 self._settle(self.store.job(job_id), d.verb)
             except Exception:
                 log.exception("transfer failure not recorded", job_id=job_id, directive=d.idx)
 
-    def _record_end(self, job_id: str, d: DirectiveRow, future: asyncio.Future[Done]) -> None:
+    def _record_end(self, job_id: str, d: DirectiveRow, run: _Running) -> None:
         """Record a transfer's outcome: done only from the worker's manifest, and only if it
         covers everything the worker planned; a shutdown records nothing (resumed later)."""
-        key = (job_id, d.idx)
-        self._active.pop(key, None)
-        counts = self._counts.pop(key, {})
-        final = key in self._final
-        self._final.discard(key)
+        key, future, counts = (job_id, d.idx), run.future, run.counts
+        if self._running.get(key) is run:
+            del self._running[key]
         # What the worker promised (its final Planned event: its walk ended), if it got
         # that far; the counts of a walk still under way are no plan.
-        plan = Planned(counts["bytes_total"], counts["files_total"]) if final else None
+        plan = Planned(counts["bytes_total"], counts["files_total"]) if run.final else None
         if future.cancelled() or (self._stopping and future.exception() is not None):
             log.info("transfer interrupted, resumes on start", job_id=job_id, directive=d.idx)
             return
@@ -567,24 +665,22 @@ class Engine:
                 )
         error = bounded(str(exc)) if exc is not None else ""  # for the log (the store bounds)
         if exc is None:
-            state = DONE
-            self._attempts.pop(key, None)
+            state = DirectiveState.DONE
             counts |= {"bytes_done": done.bytes, "files_done": done.files}  # the manifest's
-            self.store.set_directive(job_id, d.idx, state=DONE, finished=now, **counts)
+            self.store.set_directive(job_id, d.idx, state=state, finished=now, **counts)
             log.info("transfer done", job_id=job_id, directive=d.idx)
         else:
             transient = isinstance(exc, TransferError) and not exc.permanent
-            attempt = self._attempts.get(key, 1)
             job = self.store.job(job_id)
-            if transient and attempt < ATTEMPTS and job is not None:
-                self._attempts[key] = attempt + 1
+            if transient and run.tries < ATTEMPTS and job is not None:
                 log.warning("transfer failed, trying again", job_id=job_id, directive=d.idx,
-                            attempt=attempt, error=error)  # fmt: skip
-                row = next(r for r in job.directives if r.idx == d.idx)
-                self._start(job, row)
+                            attempt=run.tries, error=error)  # fmt: skip
+                again = next(r for r in job.directives if r.idx == d.idx)
+                self._start(job, again, run.tries + 1)
                 return
-            self._attempts.pop(key, None)
-            state = CANCELLED if isinstance(exc, Cancelled) else FAILED
+            state = (
+                DirectiveState.CANCELLED if isinstance(exc, Cancelled) else DirectiveState.FAILED
+            )
             self.store.set_directive(
                 job_id, d.idx, state=state, error=str(exc), finished=now, **counts
             )
@@ -607,16 +703,17 @@ class Engine:
         self._settle(job, d.verb)
 
     def _settle(self, job: JobRow | None, verb: str) -> None:
-        """Move the job to ``staged_*`` or ``failed`` once a direction has finished."""
+        """Move the job to ``staged_*`` or ``failed`` once a direction has finished (not while
+        its teardown decides its end)."""
         verb = "stage_out" if verb == COPY else verb
-        if job is None or job.state != _PHASE[verb][0]:
+        if job is None or job.state != _PHASE[verb][0] or job.job_id in self._tearing:
             return
         mine = [d for d in job.directives if _of_phase(d, verb)]
-        if any(d.state in (PENDING, RUNNING) for d in mine):
+        if any(d.state in UNFINISHED for d in mine):
             return
         failed = [d for d in mine if _failed(d)]
         if failed:
-            self.store.set_job(job.job_id, state="failed", error=_describe(failed[0]))
+            self.store.set_job(job.job_id, state=JobState.FAILED, error=_describe(failed[0]))
         else:
             self.store.set_job(job.job_id, state=_PHASE[verb][1])
             if verb == "stage_in":
@@ -631,21 +728,20 @@ class Engine:
         if failed:
             # The first failing line of the script, not whichever failed first: a line above
             # it still running may fail too (the hold's reason is given once).
-            if any(d.state in (PENDING, RUNNING) for d in mine if d.idx < failed[0].idx):
+            if any(d.state in UNFINISHED for d in mine if d.idx < failed[0].idx):
                 return Reply.busy()
             return Reply.error(_describe(failed[0]))
-        if all(d.state == DONE or d.state == CANCELLED for d in mine):
+        if all(d.state in (DirectiveState.DONE, DirectiveState.CANCELLED) for d in mine):
             return Reply.ok()
         return Reply.busy()
 
     async def _cancel(self, job_id: str, idx: int) -> None:
-        self._attempts[(job_id, idx)] = ATTEMPTS  # a cancelled transfer is not tried again
-        future = self._active.get((job_id, idx))
+        run = self._running.get((job_id, idx))
+        if run is not None:
+            run.tries = ATTEMPTS  # a cancelled transfer is not tried again
         await asyncio.to_thread(self.executor.cancel, f"{job_id}:{idx}")
-        if future is not None:
-            await asyncio.wait([future])  # its end forgets the count (_finished)
-        elif (job_id, idx) not in self._active:  # nothing ran and nothing started since
-            self._attempts.pop((job_id, idx), None)
+        if run is not None:
+            await asyncio.wait([run.future])
 
     def _spec(self, job: JobRow, d: DirectiveRow) -> TransferSpec:
         """A directive's transfer spec, ``$BB_SCRATCH`` resolved: ``TransferSpec.of_directive``."""
@@ -685,11 +781,15 @@ def _order_of(req: Request) -> tuple[float, float]:
 def _outputs_at_risk(job: JobRow) -> bool:
     """Does scratch hold results not yet staged out? A stage-out from it started and did
     not finish, or the job ran (or was running when torn down) and one never started."""
-    ran = job.state in ("running", "staging_out")
+    ran = job.state in (JobState.RUNNING, JobState.STAGING_OUT)
     return any(
         _of_phase(d, "stage_out")
         and d.spec.get("source_kind") == "scratch"
-        and (d.state in (RUNNING, FAILED) or (ran and d.state == PENDING) or _failed(d))
+        and (
+            d.state in (DirectiveState.RUNNING, DirectiveState.FAILED)
+            or (ran and d.state == DirectiveState.PENDING)
+            or _failed(d)
+        )
         for d in job.directives
     )
 
@@ -701,7 +801,9 @@ def _of_phase(d: DirectiveRow, verb: str) -> bool:
 
 def _failed(d: DirectiveRow) -> bool:
     """Does ``d`` fail its phase? A copy the user cancelled (``bbstage cancel``) does not."""
-    return d.state == FAILED or (d.state == CANCELLED and not _added(d))
+    return d.state == DirectiveState.FAILED or (
+        d.state == DirectiveState.CANCELLED and not _added(d)
+    )
 
 
 def _added(d: DirectiveRow) -> bool:

@@ -1,9 +1,7 @@
 """Runs transfers in worker processes, each as the job's user.
 
-``TransferExecutor.submit`` is ``concurrent.futures``-style: it returns a Future that resolves
-to the worker's ``Done`` manifest, or raises ``Cancelled`` (asked for with ``cancel``) or
-``TransferError``; a distributed executor with the same methods (``submit``, ``cancel``,
-``abandon``, ``shutdown``) can replace it.
+A ``bbstage.contracts.Executor``, as ``bbstage.dask_executor.DaskExecutor`` (transfer nodes)
+is: the engine holds one or the other.
 
 A worker process drops to one user's uid, gid and groups for good, then runs that user's
 transfers one at a time. After a transfer it waits, idle, for the next one of the same
@@ -27,7 +25,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import forkserver
@@ -36,9 +33,10 @@ from typing import Any
 import structlog
 
 from bbstage import codec, fairshare, movers, stall, worker
+from bbstage.contracts import Sink
 from bbstage.identity import Identity, unlink_as
 from bbstage.movers import Cancelled, TransferError
-from bbstage.transfer import Done, Event, Failed, TransferSpec, track_temps
+from bbstage.transfer import Done, Failed, TransferSpec, track_temps
 
 KILL_AFTER = 1.5  # seconds between SIGTERM and SIGKILL on cancel
 IDLE_RETIRE = 10.0  # seconds an idle worker is kept for its user's next transfer
@@ -70,7 +68,7 @@ class _Worker:
         _reap([self.proc])
 
 
-_Item = tuple[TransferSpec, Identity, Callable[[Event], None], "Future[Done]"]
+_Item = tuple[TransferSpec, Identity, Sink, "Future[Done]"]
 
 
 class TransferExecutor:
@@ -143,7 +141,7 @@ class TransferExecutor:
         key: str,
         spec: TransferSpec,
         identity: Identity,
-        on_event: Callable[[Event], None],
+        on_event: Sink,
         order: tuple[Any, ...] = (),
     ) -> Future[Done]:
         """Queue a transfer in its user's queue (``order``: smaller first within the user's,
@@ -203,7 +201,7 @@ class TransferExecutor:
         key: str,
         spec: TransferSpec,
         identity: Identity,
-        on_event: Callable[[Event], None],
+        on_event: Sink,
         future: Future[Done],
     ) -> None:
         """Run a transfer; whatever happens, its slot is freed, then its future gets an
@@ -218,17 +216,17 @@ class TransferExecutor:
             error = TransferError(f"could not run the transfer: {exc}")
         finally:
             self._queue.release(key)
-        if error is not None:
-            future.set_exception(error)
-        else:
+        if result is not None:
             future.set_result(result)
+        else:
+            future.set_exception(error or TransferError("the transfer ended with no outcome"))
 
     def _run(
         self,
         key: str,
         spec: TransferSpec,
         identity: Identity,
-        on_event: Callable[[Event], None],
+        on_event: Sink,
     ) -> Done:
         """The transfer's manifest; raises ``Cancelled`` or ``TransferError``."""
         # The worker's named temporary files not yet renamed or removed: bounded by the files

@@ -52,13 +52,12 @@ from typing import NamedTuple
 import structlog
 
 from bbstage.engine import Engine
-from bbstage.protocol import Request
-from bbstage.state import FAILED, JobRow
+from bbstage.state import DirectiveState, JobRow, JobState
 
 log = structlog.get_logger("bbstage.reconcile")
 
-BEFORE_RUN = ("setup", "staging_in", "staged_in")
-AFTER_RUN = ("running", "staging_out", "staged_out")
+BEFORE_RUN = (JobState.SETUP, JobState.STAGING_IN, JobState.STAGED_IN)
+AFTER_RUN = (JobState.RUNNING, JobState.STAGING_OUT, JobState.STAGED_OUT)
 # Slurm job states after which a job that had not yet run never will.
 DEAD = {
     "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
@@ -211,7 +210,7 @@ def _failed_here(engine: Engine, job_id: str) -> bool:
     teardown that follows Slurm's hold), did not fail here."""
     job = engine.store.job(job_id)
     return job is not None and any(
-        d.verb == "stage_in" and d.state == FAILED for d in job.directives
+        d.verb == "stage_in" and d.state == DirectiveState.FAILED for d in job.directives
     )
 
 
@@ -263,7 +262,8 @@ async def once(
     stranded = {} if stranded is None else stranded
     released = set() if released is None else released
     jobs = engine.store.jobs(BEFORE_RUN + AFTER_RUN)
-    cancelled = engine.store.jobs(("cancelled",), updated_since=time.time() - STRANDED_WATCH)
+    since = time.time() - STRANDED_WATCH
+    cancelled = engine.store.jobs((JobState.CANCELLED,), updated_since=since)
     if not jobs and not cancelled:
         missing.clear()
         stranded.clear()
@@ -311,7 +311,7 @@ class Pace:
 async def stage_ins(engine: Engine, pace: Pace | None = None) -> list[str]:
     """Tear down the jobs being staged in that Slurm says will never run (one `squeue`, none
     if no job is being staged in, timed by ``pace``); their ids."""
-    jobs = engine.store.jobs(("staging_in",))
+    jobs = engine.store.jobs((JobState.STAGING_IN,))
     if not jobs:
         return []
     conf = str(engine.config.slurm_conf) if engine.config.slurm_conf else None
@@ -330,7 +330,7 @@ async def stage_ins(engine: Engine, pace: Pace | None = None) -> list[str]:
 async def _tear_down(engine: Engine, job_id: str, slurm: SlurmJob | None) -> None:
     log.warning("slurm no longer runs this job: tearing down", job_id=job_id,
                 slurm_state=slurm.state if slurm else "gone")  # fmt: skip
-    await engine.handle(Request("teardown", {"job_id": job_id, "hurry": True}))
+    await engine.end_job(job_id, hurry=True)
 
 
 async def _end_stranded(
@@ -356,7 +356,7 @@ async def _end_stranded(
             " would keep it pending for ever: bbstage cancelled it; submit it again"
         )
         log.error("stranded job: cancelling it in slurm", job_id=job_id)
-        engine.store.set_job(job_id, state="failed", error=error)
+        engine.fail_job(job_id, error)
         if await cancel_in_slurm(job_id, conf):
             ended.append(job_id)
         del stranded[job_id]

@@ -10,7 +10,7 @@ from typing import Any
 
 from bbstage import scratch
 from bbstage.config import Config
-from bbstage.state import RUNNING, AttemptRow, JobRow, Store
+from bbstage.state import AttemptRow, AttemptState, DirectiveState, JobRow, Store
 
 # Why a transfer waits, by its key ("job id:directive index"): the executor's ``why``.
 Why = Callable[[str], "str | None"]
@@ -72,7 +72,9 @@ def job_status(
                 "rate_bytes_per_s": round(rate, 1),
                 "eta_s": round(left / rate, 1) if d.state == "running" and rate > 0 else None,
                 "error": d.error,
-                "waiting": why(f"{job.job_id}:{d.idx}") if d.state == RUNNING else None,
+                "waiting": why(f"{job.job_id}:{d.idx}")
+                if d.state == DirectiveState.RUNNING
+                else None,
                 "nodes": _nodes(mine),
                 "attempts": [_attempt(a) for a in mine],
             }
@@ -98,7 +100,7 @@ def _nodes(attempts: list[AttemptRow]) -> list[dict[str, Any]]:
             n = nodes.setdefault(a.node, {"node": a.node, "bytes": 0, "files": 0, "running": False})
             n["bytes"] += a.bytes
             n["files"] += a.files
-            n["running"] |= a.state == RUNNING
+            n["running"] |= a.state == AttemptState.RUNNING
     return [nodes[name] for name in sorted(nodes)]
 
 
@@ -126,7 +128,7 @@ def jobs_summary(
     out = []
     for job in jobs:
         ds = job.directives
-        waits = (why(f"{job.job_id}:{d.idx}") for d in ds if d.state == RUNNING)
+        waits = (why(f"{job.job_id}:{d.idx}") for d in ds if d.state == DirectiveState.RUNNING)
         out.append(
             {
                 "job_id": job.job_id,

@@ -20,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from bbstage import jobcheck, protocol, report
-from bbstage.engine import Engine
+from bbstage.engine import Engine, Refused, internal_error
 from bbstage.protocol import ERROR, MAX_USER_REQUEST, OK, ProtocolError, Reply
 
 log = structlog.get_logger("bbstage.server")
@@ -86,12 +86,12 @@ class Server:
             return
         try:
             request = protocol.decode_request(frames[2], protocol.HOOK_OPS)
-            reply = await self.engine.handle(request)
+            reply = await self.engine.handle(request)  # answers its own bugs (INTERNAL_ERROR)
         except ProtocolError as exc:
             reply = Reply.error(f"bad request: {exc}")
         except Exception as exc:
-            log.exception("request failed")
-            reply = Reply.error(f"staging daemon internal error: {exc}")
+            log.exception("hook request failed: internal error")
+            reply = Reply.error(internal_error(exc, "hook request", "?"))
         assert self._router is not None
         await self._router.send_multipart([frames[0], b"", *protocol.reply_frames(reply)])
 
@@ -126,9 +126,14 @@ class Server:
         network API's peer address (an in-job copy must come from one of the job's nodes)."""
         try:
             request = protocol.decode_request(line, protocol.USER_OPS)
-            return await self._answer_user(request, uid, origin)
         except ProtocolError as exc:
             return protocol.encode_user_reply(ERROR, message=f"bad request: {exc}")
+        try:
+            return await self._answer_user(request, uid, origin)
+        except Exception as exc:  # a bug: answered as one, not as the user's mistake
+            log.exception("user request failed: internal error", op=request.op, uid=uid)
+            message = internal_error(exc, request.op, request.get("job_id"))
+            return protocol.encode_user_reply(ERROR, message=message)
 
     def release(self, uid: int) -> None:
         self._open[uid] -= 1
@@ -200,10 +205,10 @@ class Server:
                 conf = str(self.config.slurm_conf) if self.config.slurm_conf else None
                 why = await jobcheck.running_as(job_id, uid, conf, origin)
                 if why is not None:
-                    raise ValueError(why)
+                    raise Refused(why)
                 job = engine.store.job(job_id) or job
             d = engine.add_copy(job, source, destination, options, request.get("at_end") is True)
-        except ValueError as exc:  # ProtocolError too
+        except (Refused, ProtocolError) as exc:
             return protocol.encode_user_reply(ERROR, message=f"{request.op}: {exc}")
         return protocol.encode_user_reply(OK, result={"id": f"{job_id}:{d.idx}", "index": d.idx})
 
@@ -217,8 +222,7 @@ class Server:
 
     def _why(self, key: str) -> str | None:
         """Why a transfer waits for a slot (the executor's fair share), if it does."""
-        why = getattr(self.engine.executor, "why", None)
-        return why(key) if why is not None else None
+        return self.engine.executor.why(key)
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -10,30 +10,127 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, TypeVar
 
 from bbstage.modes import private_database
 from bbstage.protocol import bounded, printable
 
-# Job states, in lifecycle order; "failed" and "cancelled" can follow any of them.
-JOB_STATES = (
-    "setup",
-    "staging_in",
-    "staged_in",
-    "running",
-    "staging_out",
-    "staged_out",
-    "done",
-    "failed",
-    "cancelled",
-)
-FINISHED = ("done", "failed", "cancelled")
-ACTIVE = tuple(s for s in JOB_STATES if s not in FINISHED)
-# Directive states.
-PENDING, RUNNING, DONE, FAILED, CANCELLED = "pending", "running", "done", "failed", "cancelled"
-# Attempt states: RUNNING, DONE, FAILED, CANCELLED, or LOST (running when the daemon stopped).
-LOST = "lost"
+
+class _Machine(StrEnum):
+    """A kind of state, whose legal moves are in ``MOVES``; its values are what the database
+    holds (the strings of every earlier version)."""
+
+    def to(self, new: str, what: str = "") -> Self:
+        """``new`` as a state of this kind, if ``self -> new`` is in ``MOVES``; else
+        ``IllegalTransition`` (``what`` names the record in its message)."""
+        kind = type(self)
+        try:
+            state = kind(new)
+        except ValueError:
+            raise IllegalTransition(kind, self, str(new), what) from None
+        if state not in MOVES[kind][self]:
+            raise IllegalTransition(kind, self, state, what)
+        return state
+
+
+class JobState(_Machine):
+    """A job's state, in lifecycle order; its value is what the database holds."""
+
+    SETUP = "setup"  # recorded, its scratch made (setup hook)
+    STAGING_IN = "staging_in"
+    STAGED_IN = "staged_in"
+    RUNNING = "running"  # the job runs (pre_run hook); its in-job copies may run
+    STAGING_OUT = "staging_out"
+    STAGED_OUT = "staged_out"
+    DONE = "done"  # torn down, its scratch removed
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # torn down in a hurry (scancel) before its stage-out ended
+
+
+class DirectiveState(_Machine):
+    """The state of a directive's transfer (or an in-job copy's)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class AttemptState(_Machine):
+    """The state of one attempt of a transfer on a transfer node (Dask)."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"  # running when the daemon stopped
+
+
+State = TypeVar("State", bound=_Machine)
+
+# A directive not ended: waiting for its transfer, or moving.
+UNFINISHED = (DirectiveState.PENDING, DirectiveState.RUNNING)
+
+FINISHED = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+ACTIVE = tuple(s for s in JobState if s not in FINISHED)
+# The states a job record is made in: by setup (which starts staging in at once where
+# data_in blocks, before 24.05), or made again after a lost state (``origin="recovered"``).
+CREATED = (JobState.SETUP, JobState.STAGING_IN, JobState.RUNNING)
+
+_J, _D, _A = JobState, DirectiveState, AttemptState
+_ENDS = frozenset((_J.DONE, _J.FAILED, _J.CANCELLED))  # a teardown's verdicts
+# Every legal move; a state not a key, or a pair not listed, is refused by ``transition``.
+MOVES: dict[type[_Machine], dict[Any, frozenset[Any]]] = {
+    JobState: {
+        # Staging out may start from any earlier state: Slurm runs data_out for a job
+        # whatever became of it, and the outputs in scratch are what the user wants.
+        _J.SETUP: frozenset((_J.STAGING_IN, _J.STAGING_OUT)) | _ENDS,
+        _J.STAGING_IN: frozenset((_J.STAGED_IN, _J.STAGING_OUT)) | _ENDS,
+        _J.STAGED_IN: frozenset((_J.RUNNING, _J.STAGING_OUT)) | _ENDS,
+        _J.RUNNING: frozenset((_J.STAGING_OUT,)) | _ENDS,
+        _J.STAGING_OUT: frozenset((_J.STAGED_OUT,)) | _ENDS,
+        _J.STAGED_OUT: _ENDS,
+        _J.DONE: frozenset(),
+        _J.FAILED: frozenset(),
+        # Cancelled here, but Slurm kept waiting for its stage-in: bbstage.reconcile ends it.
+        _J.CANCELLED: frozenset((_J.FAILED,)),
+    },
+    DirectiveState: {
+        _D.PENDING: frozenset((_D.RUNNING, _D.CANCELLED)),
+        # running -> running: a new attempt (a transient failure, a resume after a restart).
+        _D.RUNNING: frozenset((_D.RUNNING, _D.DONE, _D.FAILED, _D.CANCELLED)),
+        _D.DONE: frozenset(),
+        _D.FAILED: frozenset(),
+        _D.CANCELLED: frozenset(),
+    },
+    AttemptState: {
+        _A.RUNNING: frozenset((_A.DONE, _A.FAILED, _A.CANCELLED, _A.LOST)),
+        _A.DONE: frozenset(),
+        _A.FAILED: frozenset(),
+        _A.CANCELLED: frozenset(),
+        _A.LOST: frozenset(),
+    },
+}
+
+
+class IllegalTransition(Exception):
+    """A state change the machine does not allow (``MOVES``): a bug in the daemon, never a
+    user's mistake, so not a ``ValueError`` (which a hook answers as a refusal)."""
+
+    def __init__(self, kind: type[_Machine], current: str, new: str, what: str = "") -> None:
+        self.kind, self.current, self.new = kind, current, new
+        where = f" ({what})" if what else ""
+        super().__init__(f"illegal {kind.__name__} move {current} -> {new}{where}")
+
+
+def transition(current: State, new: State | str, what: str = "") -> State:
+    """The one way a state changes: ``new`` (a state of ``current``'s kind, or its value) if
+    the move is legal (``MOVES``), else ``IllegalTransition``."""
+    return current.to(new, what)
+
 
 CHECKPOINT_EVERY = 1.0  # seconds
 CACHE_JOBS = 10_000  # unfinished jobs kept in memory by Store.job (a bound, never reached)
@@ -93,7 +190,7 @@ class DirectiveRow:
     source: str
     destination: str
     spec: dict[str, Any]
-    state: str = PENDING
+    state: DirectiveState = DirectiveState.PENDING
     bytes_done: int = 0
     bytes_total: int = 0
     files_done: int = 0
@@ -114,7 +211,7 @@ class AttemptRow:
     shard: int
     shards: int
     node: str
-    state: str
+    state: AttemptState
     bytes: int  # moved so far; a done attempt's: its manifest
     files: int
     error: str
@@ -130,7 +227,7 @@ class JobRow:
     pool: str | None
     size: int
     scratch: str | None
-    state: str
+    state: JobState
     error: str
     created: float
     updated: float
@@ -227,10 +324,14 @@ class Store:
         size: int,
         scratch: str | None,
         directives: list[dict[str, Any]],
-        state: str = "setup",
+        state: JobState = JobState.SETUP,
         origin: str = "setup",
     ) -> JobRow:
-        """(Re)create a job and its directives; any earlier record of the job id is replaced."""
+        """(Re)create a job and its directives, in one of the ``CREATED`` states; any earlier
+        record of the job id is replaced."""
+        if state not in CREATED:
+            raise IllegalTransition(JobState, "(no record)", state, f"job {job_id}")
+        state = JobState(state)
         now = time.time()
         rows = [
             DirectiveRow(job_id, d["index"], d["line"], d["verb"], d["source"], d["destination"], d)
@@ -264,10 +365,17 @@ class Store:
         return job
 
     def set_job(self, job_id: str, **values: Any) -> None:
+        """Change a job's columns; a new ``state`` only by a legal move (``transition``,
+        against the state in the database: else ``IllegalTransition`` and nothing changes)."""
         values = {k: _text(v, k) for k, v in values.items()}
         values["updated"] = time.time()
         cols = ", ".join(f"{k} = ?" for k in values)
         with self._tx(job_id) as db:
+            if "state" in values:
+                row = db.execute("SELECT state FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+                if row is not None:
+                    what = f"job {job_id}"
+                    values["state"] = transition(JobState(row[0]), values["state"], what)
             db.execute(f"UPDATE jobs SET {cols} WHERE job_id = ?", (*values.values(), job_id))
             if values.get("state") in FINISHED:
                 self._cache.pop(job_id, None)
@@ -283,7 +391,7 @@ class Store:
             row = self._db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
             if row is None:
                 return None
-            job = JobRow(**dict(row))
+            job = _job(row)
             job.directives = [
                 _directive(r)
                 for r in self._db.execute(
@@ -399,9 +507,17 @@ class Store:
         return d
 
     def set_directive(self, job_id: str, idx: int, **values: Any) -> None:
+        """Change a directive's columns; a new ``state`` only by a legal move (``set_job``)."""
         values = {k: _text(v, k) for k, v in values.items()}
         cols = ", ".join(f"{k} = ?" for k in values)
         with self._tx(job_id) as db:
+            if "state" in values:
+                row = db.execute(
+                    "SELECT state FROM directives WHERE job_id = ? AND idx = ?", (job_id, idx)
+                ).fetchone()
+                if row is not None:
+                    what = f"job {job_id} directive {idx}"
+                    values["state"] = transition(DirectiveState(row[0]), values["state"], what)
             db.execute(
                 f"UPDATE directives SET {cols} WHERE job_id = ? AND idx = ?",
                 (*values.values(), job_id, idx),
@@ -435,8 +551,13 @@ class Store:
     def end_attempt(
         self, attempt: str, state: str, node: str, nbytes: int, files: int, error: str = ""
     ) -> None:
-        """Record an attempt's end: ``state`` (done, failed, cancelled) and its last counts."""
+        """Record an attempt's end: ``state`` (done, failed, cancelled) and its last counts
+        (``IllegalTransition`` if it has ended already)."""
         with self._tx(None) as db:
+            row = db.execute("SELECT state FROM attempts WHERE id = ?", (attempt,)).fetchone()
+            if row is None:
+                return  # never recorded (its start could not be): nothing to end
+            state = transition(AttemptState(row[0]), state, f"attempt {attempt}")
             db.execute(
                 "UPDATE attempts SET state = ?, node = ?, bytes = ?, files = ?, error = ?,"
                 " ended = ? WHERE id = ?",
@@ -446,11 +567,12 @@ class Store:
     def lose_attempts(self) -> list[str]:
         """Mark the attempts still ``running`` (the daemon stopped under them) ``lost``; their
         ids."""
+        running, lost = AttemptState.RUNNING, transition(AttemptState.RUNNING, AttemptState.LOST)
         with self._tx(None) as db:
-            ids = [r[0] for r in db.execute("SELECT id FROM attempts WHERE state = ?", (RUNNING,))]
+            ids = [r[0] for r in db.execute("SELECT id FROM attempts WHERE state = ?", (running,))]
             db.execute(
                 "UPDATE attempts SET state = ?, ended = ? WHERE state = ?",
-                (LOST, time.time(), RUNNING),
+                (lost, time.time(), running),
             )
         return ids
 
@@ -460,7 +582,7 @@ class Store:
             rows = self._db.execute(
                 "SELECT * FROM attempts WHERE job_id = ? ORDER BY idx, started, id", (job_id,)
             ).fetchall()
-        return [AttemptRow(**dict(r)) for r in rows]
+        return [AttemptRow(**{**dict(r), "state": AttemptState(r["state"])}) for r in rows]
 
     def nodes(self) -> dict[str, list[str]]:
         """Job id → the transfer nodes its attempts ran on (jobs with none are left out)."""
@@ -487,7 +609,7 @@ def _text(value: Any, column: str = "") -> Any:
 def _jobs(db: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[JobRow]:
     """The jobs ``where`` selects, with their directives: two queries."""
     rows = db.execute(f"SELECT * FROM jobs{where} ORDER BY created", args)
-    jobs = {r["job_id"]: JobRow(**dict(r)) for r in rows}
+    jobs = {r["job_id"]: _job(r) for r in rows}
     if jobs:
         for r in db.execute(
             "SELECT * FROM directives WHERE job_id IN"
@@ -499,7 +621,13 @@ def _jobs(db: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[Job
     return list(jobs.values())
 
 
+def _job(row: sqlite3.Row) -> JobRow:
+    """A job read from the database (without its directives)."""
+    return JobRow(**{**dict(row), "state": JobState(row["state"])})
+
+
 def _directive(row: sqlite3.Row) -> DirectiveRow:
     values = dict(row)
     values["spec"] = json.loads(values["spec"])
+    values["state"] = DirectiveState(values["state"])
     return DirectiveRow(**values)

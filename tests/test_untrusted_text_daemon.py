@@ -57,7 +57,7 @@ def test_a_ten_mb_s3_error_message_is_bounded_everywhere(
 ) -> None:
     store = Store(tmp_path / "state.db")
     executor = FakeExecutor()
-    engine = Engine(Config(socket=tmp_path / "run" / "c.sock"), store, executor)  # type: ignore[arg-type]
+    engine = Engine(Config(socket=tmp_path / "run" / "c.sock"), store, executor)
     message = "InternalError: " + "\x1b[2J" + "x" * (10 << 20)
     executor.outcomes = [(Planned(1, 1), TransferError(f"s3://bkt/k: {message}"))]
     setup(engine, "31", "stage_in source=s3://bkt/k destination=/tmp/k")

@@ -47,7 +47,7 @@ def test_a_posix_transfer_carries_no_s3_settings_or_secrets(tmp_path: Path) -> N
         backend_settings={"s3": s3},
     )
     store = Store(tmp_path / "state.db")
-    engine = Engine(config, store, FakeExecutor())  # type: ignore[arg-type]
+    engine = Engine(config, store, FakeExecutor())
     try:
         lines = ("stage_in source=/a destination=/b", "stage_in source=s3://bkt/k destination=/c")
         fields = {"job_id": "1", "uid": UID, "gid": GID, "script": script(*lines)}

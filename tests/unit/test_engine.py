@@ -5,7 +5,9 @@ a lost state never cost a job its results."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -14,21 +16,34 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
+from bbstage import directives, movers
 from bbstage.config import Config, Pool
+from bbstage.contracts import Executor, Sink
 from bbstage.engine import Engine
 from bbstage.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.movers import Cancelled, TransferError
-from bbstage.protocol import Request
+from bbstage.protocol import Request, encode_request
+from bbstage.server import Server
 from bbstage.state import Store
-from bbstage.transfer import AttemptUpdate, Done, Event, Planned, TransferSpec
+from bbstage.transfer import AttemptUpdate, Done, Planned, TransferSpec
 from tests.helpers import wait_until_async
 
 UID, GID = 65534, 65534  # nobody: Identity.of accepts any known non-root user
 
 
 class FakeExecutor:
-    """Answers each submit with the next scripted outcome: (plan, Done or an exception)."""
+    """Answers each submit with the next scripted outcome: (plan, Done or an exception). An
+    ``Executor`` (bbstage/contracts.py), as the engine needs."""
+
+    running = queued = 0
+
+    def why(self, key: str) -> str | None:
+        return None
+
+    def users(self) -> dict[int, tuple[int, int]]:
+        return {}
 
     def __init__(self) -> None:
         self.outcomes: list[tuple[Planned, Done | BaseException | None]] = []
@@ -43,7 +58,7 @@ class FakeExecutor:
         key: str,
         spec: TransferSpec,
         identity: Any,
-        on_event: Callable[[Event], None],
+        on_event: Sink,
         order: tuple[Any, ...] = (),
     ) -> Future[Done]:
         self.specs.append(spec)
@@ -88,7 +103,7 @@ class NodesExecutor(FakeExecutor):
         key: str,
         spec: TransferSpec,
         identity: Any,
-        on_event: Callable[[Any], None],
+        on_event: Sink,
         order: tuple[Any, ...] = (),
     ) -> Future[Done]:
         attempt = f"{key}.{uuid.uuid4().hex[:12]}"
@@ -109,7 +124,9 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
     pool = Pool("scratch", tmp_path / "scratch", 1 << 30)
     config = Config(socket=tmp_path / "run" / "control.sock", pools=(pool,))
     store = Store(tmp_path / "state.db")
-    yield Engine(config, store, FakeExecutor())  # type: ignore[arg-type]
+    executor = FakeExecutor()
+    assert isinstance(executor, Executor)
+    yield Engine(config, store, executor)
     store.close()
 
 
@@ -123,7 +140,7 @@ def recorded(engine: Engine) -> bool:
     executor: FakeExecutor = engine.executor  # type: ignore[assignment]
     for key, future in executor.submitted.items():
         job_id, idx = key.split(":")
-        if future.done() and (job_id, int(idx)) in engine._active:
+        if future.done() and (job_id, int(idx)) in engine._running:
             return False
     return True
 
@@ -377,7 +394,7 @@ def test_a_restart_marks_the_attempts_it_stopped_lost_and_resumes_with_a_new_one
     outcomes(engine).append((Planned(10, 1), None))
     assert ask(engine, "data_in", job_id="16", wait=False) == ("ok", "")
     restarted_nodes = NodesExecutor(engine.store)
-    restarted = Engine(engine.config, engine.store, restarted_nodes)  # type: ignore[arg-type]
+    restarted = Engine(engine.config, engine.store, restarted_nodes)
     outcomes(restarted).append((Planned(10, 1), Done(10, 1)))
 
     async def resume() -> None:
@@ -443,3 +460,99 @@ def test_a_jobs_expected_start_and_priority_place_it_in_its_users_queue(engine: 
     ask(engine, "data_in", job_id="61")
     orders = engine.executor.orders  # type: ignore[attr-defined]
     assert orders == [(1700000000.0, -500.0), (float("inf"), -0.0)]
+
+
+def test_a_bug_in_a_hook_handler_is_answered_as_the_daemons_error_not_the_jobs(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception in a handler, a ValueError too (it used to pass for a
+    refusal, its text shown to Slurm as if the script were wrong), is logged with its
+    traceback and answered as a bug in the daemon that names its log; a refusal stays one."""
+
+    def broken(text: str) -> dict[str, Any]:
+        raise ValueError("invalid literal for int() with base 10: 'x'")
+
+    monkeypatch.setattr(directives, "parse", broken)
+    with capture_logs() as logs:
+        status, message = ask(engine, "setup", job_id="5", uid=UID, gid=GID, script=script())
+    assert status == "error"
+    assert message.startswith("staging daemon internal error (ValueError): a bug in bbstage")
+    assert "daemon's log" in message and "setup, job 5" in message
+    assert "invalid literal" not in message  # a bug's own text is for the log, not the job
+    failed = [e for e in logs if e["event"] == "hook failed: internal error"]
+    assert len(failed) == 1 and failed[0]["exc_info"] is True and failed[0]["hook"] == "setup"
+    monkeypatch.undo()
+    with capture_logs() as logs:
+        status, message = ask(engine, "setup", job_id="6", uid=UID, gid=GID, script=script(
+            "stage_in source=/a/ destination=/b/ nonsense=1"))  # fmt: skip
+        assert status == "error" and "internal error" not in message
+        status, message = ask(engine, "data_in", job_id="x1")  # a bad request: no bug either
+        assert message == "bad request: data_in: job_id must be a number, got 'x1'"
+
+        def no_backend(*args: Any) -> None:
+            raise TransferError("the gs backend cannot load: install gcsfs")
+
+        monkeypatch.setattr(movers, "options_for", no_backend)  # a site's setup, not a bug
+        setup(engine, "7", "stage_in source=/a/ destination=/b/")
+        assert ask(engine, "data_in", job_id="7") == (
+            "error", "the gs backend cannot load: install gcsfs"
+        )  # fmt: skip
+    assert not [e for e in logs if e.get("exc_info")]
+
+
+def test_a_bug_answering_a_user_is_the_daemons_error_and_a_refused_copy_a_refusal(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The users' socket too: a refusal (``bbstage copy`` into a job that is not running)
+    is answered with its reason, a bug as the daemon's, logged with its traceback."""
+    engine.config = replace(engine.config, job_check="state")  # no squeue here
+    server = Server(engine)
+    setup(engine, "7", "stage_in source=/a/ destination=/b/")
+    copy = encode_request("copy", job_id="7", source="/a", destination="/b") + b"\n"
+    refused = json.loads(asyncio.run(server.respond(copy, UID)))
+    assert refused == {"status": "error", "message": "copy: job 7 is not running (setup):"
+                       " copies are added from inside the running job"}  # fmt: skip
+
+    def broken(job_id: str) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(engine.store, "job", broken)
+    status = encode_request("status", job_id="7") + b"\n"
+    with capture_logs() as logs:
+        reply = json.loads(asyncio.run(server.respond(status, UID)))
+    assert reply["status"] == "error"
+    assert reply["message"].startswith("staging daemon internal error (OperationalError)")
+    assert [e["op"] for e in logs if e.get("exc_info")] == ["status"]
+    asyncio.run(server.close())
+
+
+def test_a_job_only_moves_forward_and_a_hurried_teardown_ends_it_cancelled(
+    engine: Engine,
+) -> None:
+    """A data_in or pre_run Slurm sends again late answers from the record and leaves the job
+    where it is (it used to send a running job back to staging_in); a teardown in a hurry
+    during stage-in cancels the copy and ends the job cancelled, not failed by the copy it
+    cancelled."""
+    setup(engine, "20", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(5, 1), Done(5, 1)))
+    assert ask(engine, "data_in", job_id="20") == ("ok", "")
+    assert ask(engine, "pre_run", job_id="20") == ("ok", "")
+    for hook in ("data_in", "pre_run", "test_data_in"):
+        assert ask(engine, hook, job_id="20") == ("ok", "")
+        job = engine.store.job("20")
+        assert job is not None and job.state == "running", hook
+
+    setup(engine, "21", "stage_in source=/a/ destination=/b/")
+    outcomes(engine).append((Planned(5, 1), None))  # runs until cancelled
+
+    async def scenario() -> None:  # one event loop, as in the daemon
+        reply = await engine.handle(Request("data_in", {"job_id": "21", "wait": False}))
+        assert reply.status == "ok"
+        reply = await engine.handle(Request("teardown", {"job_id": "21", "hurry": True}))
+        assert reply.status == "ok"
+        await wait_until_async(lambda: recorded(engine), 5, "the cancelled copy's end")
+
+    asyncio.run(scenario())
+    job = engine.store.job("21")
+    assert job is not None and (job.state, job.error) == ("cancelled", "")
+    assert states(engine, "21") == ["cancelled"]

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bbstage import reconcile
+from bbstage.state import DirectiveState
 
 
 class FakeEngine:
@@ -29,7 +30,6 @@ class FakeEngine:
                 for i, s in self.jobs.items()
                 if s in states and (updated_since is None or made >= updated_since)
             ],
-            set_job=self.set_job,
             job=self.job,
         )
 
@@ -41,13 +41,14 @@ class FakeEngine:
             directives=[SimpleNamespace(verb="stage_in", state=s) for s in states]
         )
 
-    def set_job(self, job_id: str, state: str, error: str) -> None:
-        self.jobs[job_id] = state
+    def fail_job(self, job_id: str, error: str) -> None:
+        self.jobs[job_id] = "failed"
         self.errors[job_id] = error
 
-    async def handle(self, request: Any) -> None:
-        self.torn.append(request.fields["job_id"])
-        self.jobs[request.fields["job_id"]] = "cancelled"
+    async def end_job(self, job_id: str, hurry: bool) -> None:
+        assert hurry
+        self.torn.append(job_id)
+        self.jobs[job_id] = "cancelled"
 
 
 SCANCELLED: list[str] = []
@@ -237,17 +238,17 @@ def test_the_quick_check_tears_down_the_dead_jobs_side_by_side(
 
     started: list[str] = []
 
-    async def teardown_waiting_for_all(request: Any) -> None:
-        started.append(request.fields["job_id"])
+    async def teardown_waiting_for_all(job_id: str, hurry: bool) -> None:
+        started.append(job_id)
         while len(started) < 5:  # one at a time, the first waits here for ever
             await asyncio.sleep(0.01)
-        engine.torn.append(request.fields["job_id"])
+        engine.torn.append(job_id)
 
     async def check() -> list[str]:
         return await asyncio.wait_for(reconcile.stage_ins(engine), 10)  # type: ignore[arg-type]
 
     monkeypatch.setattr(reconcile, "slurm_states", fake_states)
-    monkeypatch.setattr(engine, "handle", teardown_waiting_for_all)
+    monkeypatch.setattr(engine, "end_job", teardown_waiting_for_all)
     assert len(asyncio.run(check())) == 5
     assert sorted(engine.torn) == [str(n) for n in range(30, 35)]
 
@@ -466,7 +467,7 @@ def test_a_job_held_for_a_real_reason_stays_held(
 def test_a_job_whose_stage_in_failed_here_stays_held() -> None:
     # The daemon recorded a failed stage-in for the job: whatever the reason says, its own
     # failure is what holds the job, and a release would only fail it again.
-    engine = FakeEngine({"73": "failed"}, stage_in={"73": reconcile.FAILED})
+    engine = FakeEngine({"73": "failed"}, stage_in={"73": DirectiveState.FAILED})
     released: set[str] = set()
     slurm = {"73": reconcile.SlurmJob("PENDING", HELD_2605)}
     assert asyncio.run(reconcile.release_held(engine, slurm, released, None)) == []  # type: ignore[arg-type]

@@ -158,7 +158,7 @@ def test_status_shows_the_special_files_skipped(
     store = Store(tmp_path / "state.db")
     executor = FakeExecutor()
     config = Config(socket=tmp_path / "run" / "control.sock")
-    engine = Engine(config, store, executor)  # type: ignore[arg-type]
+    engine = Engine(config, store, executor)
     executor.outcomes = [(Planned(7, 1, skipped=3), Done(7, 1))]
     setup(engine, "9", f"stage_in source={tmp_path}/src/ destination={tmp_path}/dst/")
     assert ask(engine, "data_in", job_id="9") == ("ok", "")

@@ -18,13 +18,19 @@ def directive(index: int) -> dict[str, object]:
             "destination": f"/d{index}"}  # fmt: skip
 
 
+# The legal moves (bbstage.state.MOVES) from setup to each state these tests use.
+PATHS = {"setup": [], "running": ["staging_in", "staged_in", "running"], "done": ["done"],
+         "failed": ["failed"]}  # fmt: skip
+
+
 def store_with_jobs(tmp_path: Path) -> Store:
     store = Store(tmp_path / "state.db")
     for n, state in enumerate(["setup", "running", "done", "failed", "running"]):
         job_id = str(100 + n)
         store.create_job(job_id, uid=1000, gid=1000, pool="scratch", size=0, scratch=None,
                          directives=[directive(i) for i in range(n)])  # fmt: skip
-        store.set_job(job_id, state=state)
+        for step in PATHS[state]:
+            store.set_job(job_id, state=step)
     return store
 
 
@@ -74,7 +80,7 @@ def test_jobs_of_a_user_are_selected_in_sql_on_a_connection_of_their_own(tmp_pat
 def test_jobs_updated_since(tmp_path: Path) -> None:
     store = store_with_jobs(tmp_path)
     cutoff = store.job("104").updated  # type: ignore[union-attr]
-    store.set_job("101", state="running")  # updated again: after the cutoff
+    store.set_job("101", error="")  # updated again: after the cutoff
     assert [j.job_id for j in store.jobs(("running",), updated_since=cutoff)] == ["101", "104"]
     later = store.job("101").updated + 1  # type: ignore[union-attr]
     assert store.jobs(updated_since=later) == []
@@ -101,6 +107,7 @@ def test_job_reads_its_writes_and_leaves_earlier_rows_alone(tmp_path: Path) -> N
     before = store.job("104")
     assert before is not None and before is store.job("104")  # answered from memory
     store.set_job("104", state="staging_out")
+    store.set_directive("104", 2, state="running")
     store.set_directive("104", 2, state="done", bytes_done=7)
     after = store.job("104")
     assert after is not None and after.state == "staging_out"
@@ -203,6 +210,7 @@ def test_memory_follows_the_jobs_in_flight_not_the_jobs_seen(tmp_path: Path) -> 
             store.create_job(job_id, uid=1000, gid=1000, pool="scratch", size=0,
                              scratch=f"/scratch/{n}", directives=rows)  # fmt: skip
             store.set_job(job_id, state="staging_in")
+            store.set_directive(job_id, 0, state="running")
             store.set_directive(job_id, 0, state="done")
             store.set_job(job_id, state="done")
             assert store.job(job_id).state == "done"  # type: ignore[union-attr]
