@@ -44,7 +44,7 @@ class Client:
 
     def __init__(self, config_path: str | Path | None = None, job_id: str | None = None) -> None:
         path = config_path or os.environ.get("BBSTAGE_CONFIG") or config.DEFAULT_PATH
-        conf = config.load(path)
+        conf = config.load_client(path)  # where the daemon listens: nothing else
         self.target = client.target(conf.user_socket, conf.api_address, conf.munge_socket)
         self._job_id = job_id or os.environ.get("SLURM_JOB_ID")
 

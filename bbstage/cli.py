@@ -54,7 +54,10 @@ def _ask(args: argparse.Namespace, op: str, **fields: Any) -> Any:
     """One request, to the user socket where this host has it, else the network API."""
     from bbstage.client import DaemonError, Unreachable, call, target
 
-    conf = _config(args)
+    try:
+        conf = config.load_client(args.config)
+    except config.ConfigError as exc:
+        sys.exit(f"bbstage: {exc}")
     try:
         return call(target(conf.user_socket, conf.api_address, conf.munge_socket), op, **fields)
     except DaemonError as exc:

@@ -251,6 +251,36 @@ def load(path: Path | str = DEFAULT_PATH) -> Config:
     return from_dict(data, source=str(path))
 
 
+@dataclass(frozen=True)
+class ClientSettings:
+    """What a client (``bbstage status``, ``copy``, ``bbstage.api``) needs of the config: where
+    the daemon listens. Read alone, so a login or compute node with the site's file needs none
+    of the daemon's own files (a CA bundle, pools, credentials)."""
+
+    user_socket: Path = Config.user_socket
+    api_address: str = Config.api_address
+    munge_socket: Path = Config.munge_socket
+
+
+def load_client(path: Path | str = DEFAULT_PATH) -> ClientSettings:
+    """The ``[daemon]`` keys a client needs, checked as the daemon checks them; the rest of
+    the file is not read (a missing file means the defaults)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text()) if path.exists() else {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    daemon = data.get("daemon", {})
+    kwargs: dict[str, Any] = {}
+    for key in ("user_socket", "api_address", "munge_socket"):
+        if key in daemon:
+            try:
+                kwargs[key] = _DAEMON_KEYS[key](daemon[key])
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{path}: [daemon] {key}: {exc}") from None
+    return ClientSettings(**kwargs)
+
+
 def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
     kwargs: dict[str, Any] = {}
     try:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -11,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import free_port
-from .hookharness import Daemon, area, script, start_daemon, user_ids, user_tree
+from .hookharness import REPO, Daemon, area, script, start_daemon, user_ids, user_tree
 
 __all__ = ["area"]
 
@@ -121,6 +124,29 @@ def test_status_exit_codes_and_messages(staged: tuple[Daemon, int]) -> None:
     d.stop()
     down = d.cli("status", "201", user="bbuser1")
     assert down.returncode == 4 and "staging daemon not reachable" in down.stderr
+
+
+def test_a_login_nodes_client_reads_only_where_the_daemon_listens(
+    staged: tuple[Daemon, int], area: Path
+) -> None:
+    """The site's config on a login node names daemon-side files the node does not have (a
+    CA bundle): the daemon would refuse to start with it, the client still asks the daemon."""
+    from bbstage import config
+
+    d, _ = staged
+    login = area / "login.toml"
+    site = d.config.read_text().replace("[daemon]", '[backends]\nenabled = ["https"]\n\n[daemon]')
+    login.write_text(site + '\n[https]\nca_bundle = "/nonexistent/site-ca.pem"\n')
+    login.chmod(0o644)
+    with pytest.raises(config.ConfigError, match="ca_bundle"):
+        config.load(login)
+    out = subprocess.run(
+        ["runuser", "-u", "bbuser1", "--", sys.executable, "-m", "bbstage.cli",
+         "--config", str(login), "status", "201"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert out.returncode == 0 and "job 201: staged_in" in out.stdout, out.stderr
 
 
 def test_every_command_has_help(staged: tuple[Daemon, int]) -> None:
