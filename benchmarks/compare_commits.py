@@ -184,6 +184,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {fig} | {f['old_median']:.0f} | {f['new_median']:.0f} | {f['ratio']:.3f} | "
             f"{min(rr):.2f}–{max(rr):.2f} | {f['noise'] * 100:.0f}% | {vb} | {verdict} |"
         )
+    noise = [f["noise"] * 100 for f in result["figures"].values()]
+    lines += [
+        "",
+        f"What this run can tell: a change smaller than the noise ({min(noise):.0f}–"
+        f'{max(noise):.0f}% here) does not show; "within noise" says no more than that.',
+    ]
     return "\n".join(lines) + "\n"
 
 
