@@ -23,7 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bbstage import client, config
+from bbstage import config
+from bbstage.cli import client
 
 DONE_STATES = ("done", "failed", "cancelled")
 # How long ``wait`` without a timeout rides out an unreachable daemon (a restart: its copies

@@ -52,8 +52,8 @@ class Pool:
 @dataclass(frozen=True)
 class Movers:
     """Where transfers run: ``executor`` ``local`` (worker processes on the daemon's host,
-    bbstage/executor.py), or ``dask`` (tasks on a Dask cluster of transfer nodes, TLS with
-    client certificates only: bbstage/dask_executor.py, docs/scale-out.md)."""
+    bbstage/daemon/executor.py), or ``dask`` (tasks on a Dask cluster of transfer nodes, TLS with
+    client certificates only: bbstage/daemon/dask_executor.py, docs/scale-out.md)."""
 
     executor: str = "local"
     scheduler: str = ""  # tls://host:port
@@ -68,7 +68,7 @@ class Movers:
 
 @dataclass(frozen=True)
 class FairShare:
-    """How the transfer slots are shared among users (bbstage/fairshare.py): ``fair``
+    """How the transfer slots are shared among users (bbstage/daemon/fairshare.py): ``fair``
     (per-user queues, equal or ``weights``-ed shares) or ``fifo`` (one queue, arrival order);
     ``weights``: uid → weight (1 for everyone else)."""
 
@@ -131,7 +131,7 @@ def _movers(data: dict[str, Any], source: str, deprecated: list[str]) -> Movers:
             "range_min": parse_size, "split_min": parse_size}  # fmt: skip
     kwargs: dict[str, Any] = {}
     data = dict(data)
-    if "engine" in data:  # its name until 2026-11: the executor, not bbstage.engine
+    if "engine" in data:  # its name until 2026-11: the executor, not bbstage.daemon.engine
         if "executor" in data:
             raise ConfigError(f"{source}: [movers] engine is the old name of executor: keep one")
         deprecated.append(f"{source}: [movers] engine is deprecated: write executor instead")

@@ -22,9 +22,9 @@ from typing import Any
 
 import common
 
-from bbstage import movers, worker
+from bbstage import movers
 from bbstage.movers.implementations.generic import StoreOptions
-from bbstage.transfer import Done, TransferSpec
+from bbstage.transfer import Done, TransferSpec, worker
 from bbstage.units import parse_size
 from tests.backends.stores import LOCAL_STORES, open_store
 from tests.s3env import parse_exports

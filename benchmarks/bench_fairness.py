@@ -3,7 +3,7 @@ scheduler, in one run.
 
 One heavy user (nobody) queues many large transfers at once; three light users (daemon,
 bin, sys) each submit a small transfer every few seconds meanwhile. The same work runs
-twice through ``bbstage.executor.TransferExecutor`` with real worker processes: once with
+twice through ``bbstage.daemon.executor.TransferExecutor`` with real worker processes: once with
 ``policy = "fifo"`` (the former first-come-first-served queue) and once with ``fair``.
 Measured: each light transfer's wait from the request (``submit``) to its start (the
 worker's first event), p50 and p99 per policy, and the total throughput (all bytes over
@@ -38,7 +38,7 @@ from typing import Any
 
 import common  # first: puts the checkout on sys.path
 
-from bbstage.executor import TransferExecutor
+from bbstage.daemon.executor import TransferExecutor
 from bbstage.identity import Identity
 from bbstage.transfer import Done, TransferSpec
 from bbstage.units import parse_size

@@ -52,7 +52,8 @@ from common import (
     save_result,
 )
 
-from bbstage import config, luainstall
+from bbstage import config
+from bbstage.cli import luainstall
 
 NAME = "job_process"
 BENCH_LUA = REPO / "benchmarks" / "lua" / "bench_job_process.lua"

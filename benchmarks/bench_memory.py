@@ -48,7 +48,7 @@ def processes(daemon: int) -> dict[int, str]:
     """The daemon and every process under it, each named: ``daemon``, ``forkserver`` (its
     child that forks the workers), ``worker`` (a child of the forkserver) or ``other``
     (e.g. multiprocessing's resource tracker), ``walk`` (a worker's child: the process that
-    walks a big POSIX tree, ``bbstage.walkproc``; counted with the worker)."""
+    walks a big POSIX tree, ``bbstage.transfer.walkproc``; counted with the worker)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 # bbstage's worker processes re-run this file's top level as "__mp_main__" (see the
-# forkserver's preload list in bbstage/executor.py), as the daemon's re-run its console
+# forkserver's preload list in bbstage/daemon/executor.py), as the daemon's re-run its console
 # script (~10 ms). Run there, these imports (pytest through tests.s3env, rich through
 # bbstage.bench, boto3) cost each fresh worker 0.2-0.5 s once the page cache is dropped,
 # a cost no daemon pays: every bbstage copy of a full run, more than IDLE_RETIRE seconds
@@ -77,7 +77,7 @@ if __name__ != "__mp_main__":
 
     from bbstage.bench.baselines import RCLONE_FLAGS, s3_peer_binary
     from bbstage.bench.cache import cache_policy, settle
-    from bbstage.executor import TransferExecutor
+    from bbstage.daemon.executor import TransferExecutor
     from bbstage.identity import Identity
     from bbstage.movers.implementations.s3.settings import S3Settings
     from bbstage.transfer import TransferSpec

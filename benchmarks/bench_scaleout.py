@@ -45,8 +45,8 @@ from common import REPO, check, environment, fail, load_result, parser, rotate, 
 
 from bbstage.bench.cache import settle
 from bbstage.config import Movers
-from bbstage.dask_executor import DaskExecutor
-from bbstage.executor import TransferExecutor
+from bbstage.daemon.dask_executor import DaskExecutor
+from bbstage.daemon.executor import TransferExecutor
 from bbstage.identity import Identity
 from bbstage.transfer import TransferSpec
 

@@ -3,7 +3,7 @@ bbstage: burst_buffer.lua for Slurm's burst_buffer/lua plugin (Slurm 22.05 and 2
 
 Slurm compiles burst_buffer.lua into a fresh Lua state on every call. So `bbstage install-lua`
 installs this file as bbstage/main.lua, compiled to bbstage/main.luac for the Lua the site's
-Slurm links, and writes a burst_buffer.lua of a few lines that loads it (bbstage/luainstall.py).
+Slurm links, and writes a burst_buffer.lua of a few lines that loads it (bbstage/cli/luainstall.py).
   * Synchronous hooks (job_process, pools, paths) run inside slurmctld while it holds
     locks: they only parse, with lua/bbstage/directives.lua; no socket, no process.
   * Asynchronous hooks run in slurmscriptd children: each sends one request to the
@@ -57,7 +57,7 @@ end
 
 -- The whole job script (Slurm gives its path; a Lua error fails the hook with the reason).
 -- Slurm names a split-off array task's script by the task's id before that file exists (the
--- daemon links it at setup: bbstage/slurmdirs.py); until then the array's script is the one.
+-- daemon links it at setup: bbstage/daemon/slurmdirs.py); until then the array's script is the one.
 local function read_script(path, array)
 	local f = io.open(path, "rb")
 	if not f and array then

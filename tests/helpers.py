@@ -18,8 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from bbstage import worker
-from bbstage.transfer import TransferSpec
+from bbstage.transfer import TransferSpec, worker
 
 T = TypeVar("T")
 

@@ -46,7 +46,7 @@ class Daemon:
     def cli(self, *args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
         argv = ["runuser", "-u", user, "--"] if user else []
         return subprocess.run(
-            [*argv, sys.executable, "-m", "bbstage.cli", "--config", str(self.config), *args],
+            [*argv, sys.executable, "-m", "bbstage.cli.main", "--config", str(self.config), *args],
             capture_output=True, text=True, timeout=60, cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )  # fmt: skip
@@ -96,7 +96,7 @@ granularity = "1M"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run(
-        [sys.executable, "-m", "bbstage.cli", "--config", str(config), "install-lua",
+        [sys.executable, "-m", "bbstage.cli.main", "--config", str(config), "install-lua",
          "--dest", str(etc), "--lua", version(lua)],
         check=True, env=env, capture_output=True,
     )  # fmt: skip
@@ -104,7 +104,7 @@ granularity = "1M"
     offset = log.stat().st_size if log.exists() else 0  # a restart appends to the same log
     with open(log, "ab") as out:  # the daemon holds its own copy of the descriptor
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bbstage.cli", "--config", str(config), "daemon"],
+            [sys.executable, "-m", "bbstage.cli.main", "--config", str(config), "daemon"],
             stdout=out, stderr=out, env=env, cwd=REPO,
         )  # fmt: skip
 
@@ -149,7 +149,7 @@ def hooks_without_daemon(root: Path, lua: str) -> Daemon:
     etc, config = root / "etc", root / "bbstage.toml"
     config.write_text(f'[daemon]\nsocket = "{root}/control.sock"\n')
     subprocess.run(
-        [sys.executable, "-m", "bbstage.cli", "--config", str(config), "install-lua",
+        [sys.executable, "-m", "bbstage.cli.main", "--config", str(config), "install-lua",
          "--dest", str(etc), "--lua", version(lua)],
         check=True, capture_output=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import client, munge, protocol
+from bbstage import munge, protocol
+from bbstage.cli import client
 
 from .campaign import worker_pids
 from .helpers import file_digest, free_port, wait_until
@@ -59,7 +60,7 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     argv = ["runuser", "-u", user, "--"] if user else []
     return subprocess.run(
-        [*argv, sys.executable, "-m", "bbstage.cli", "--config", str(d.config), *args],
+        [*argv, sys.executable, "-m", "bbstage.cli.main", "--config", str(d.config), *args],
         capture_output=True, text=True, timeout=120, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), **env},
     )  # fmt: skip
@@ -271,7 +272,7 @@ def test_a_copy_running_at_the_jobs_end_is_waited_for_and_survives_a_daemon_kill
     assert copied.returncode == 0, copied.stderr
     d.kill()  # at once: the copy of 160 MiB is under way
     waiting = subprocess.Popen(  # while no daemon answers
-        ["runuser", "-u", "bbuser1", "--", sys.executable, "-m", "bbstage.cli",
+        ["runuser", "-u", "bbuser1", "--", sys.executable, "-m", "bbstage.cli.main",
          "--config", str(d.config), "wait", "--timeout", "90"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO), **env},

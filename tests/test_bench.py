@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from bbstage import bench, cli
+from bbstage import bench
+from bbstage.cli import main as cli
 
 from .s3env import S3Env, s3
 

@@ -1,7 +1,7 @@
 """benchmarks/bench_s3.py's top level stays light where bbstage's worker processes re-run it.
 
 Python 3.11's forkserver re-runs the main script's top level in every worker it forks, as
-``__mp_main__`` (bbstage/executor.py). The daemon's is its console script; the benchmark's
+``__mp_main__`` (bbstage/daemon/executor.py). The daemon's is its console script; the benchmark's
 must cost its workers no more, or every copy of bbstage that gets a fresh worker is timed
 with the benchmark's own imports (pytest, rich) read from a dropped page cache."""
 

@@ -141,7 +141,7 @@ def test_a_login_nodes_client_reads_only_where_the_daemon_listens(
     with pytest.raises(config.ConfigError, match="ca_bundle"):
         config.load(login)
     out = subprocess.run(
-        ["runuser", "-u", "bbuser1", "--", sys.executable, "-m", "bbstage.cli",
+        ["runuser", "-u", "bbuser1", "--", sys.executable, "-m", "bbstage.cli.main",
          "--config", str(login), "status", "201"],
         capture_output=True, text=True, timeout=60, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import luainstall, movers
+from bbstage import movers
+from bbstage.cli import luainstall
 from bbstage.config import Config
 from bbstage.directives import parse
 from tests.luas import LUAS

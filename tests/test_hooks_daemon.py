@@ -231,7 +231,7 @@ def test_kill_9_mid_stage_in_then_restart_completes(lua: str, area: Path) -> Non
 
 
 def walks(uid: int) -> list[int]:
-    """The processes of ``uid`` walking a tree for a worker (``bbstage.walkproc``)."""
+    """The processes of ``uid`` walking a tree for a worker (``bbstage.transfer.walkproc``)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -239,7 +239,7 @@ def walks(uid: int) -> list[int]:
             owner = os.stat(f"/proc/{pid}").st_uid
         except OSError:
             continue
-        if owner == uid and b"bbstage.walkproc" in cmdline:
+        if owner == uid and b"bbstage.transfer.walkproc" in cmdline:
             found.append(int(pid))
     return found
 
@@ -356,7 +356,7 @@ def test_pool_accounting_returns_after_a_failed_job(daemon: Daemon, area: Path) 
 
 def test_a_second_daemon_on_the_same_state_refuses_to_start(daemon: Daemon) -> None:
     second = subprocess.run(
-        [sys.executable, "-m", "bbstage.cli", "--config", str(daemon.config), "daemon"],
+        [sys.executable, "-m", "bbstage.cli.main", "--config", str(daemon.config), "daemon"],
         capture_output=True, text=True, timeout=30, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import luainstall
+from bbstage.cli import luainstall
 
 from .luas import interpreter, version
 
@@ -36,7 +36,7 @@ def install(
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if path is not None:
         env["PATH"] = path
-    cmd = [sys.executable, "-m", "bbstage.cli", "--config", str(config), "install-lua"]
+    cmd = [sys.executable, "-m", "bbstage.cli.main", "--config", str(config), "install-lua"]
     return subprocess.run(
         [*cmd, "--dest", str(tmp / "etc"), *args], capture_output=True, text=True, env=env
     )
@@ -106,7 +106,7 @@ def test_bytecode_of_another_lua_is_never_a_silent_slowdown(tmp_path: Path) -> N
     )
     # and `bbstage config check` fails on it (this host's Slurm 22.05 links Lua 5.1)
     check = subprocess.run(
-        [sys.executable, "-m", "bbstage.cli", "--config", str(tmp_path / "bbstage.toml"),
+        [sys.executable, "-m", "bbstage.cli.main", "--config", str(tmp_path / "bbstage.toml"),
          "config", "check", "--slurm-conf-dir", str(tmp_path / "etc")],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
@@ -188,7 +188,7 @@ def test_an_array_tasks_script_is_found_by_an_integer_array_id(lua: str, tmp_pat
     array = tmp_path / "hash.3" / "job.123"
     array.mkdir(parents=True)
     (array / "script").write_text("#!/bin/sh\ntrue\n")
-    task = tmp_path / "hash.9" / "job.129" / "script"  # not there yet (bbstage/slurmdirs.py)
+    task = tmp_path / "hash.9" / "job.129" / "script"  # not there yet (bbstage/daemon/slurmdirs.py)
     driver = tmp_path / "driver.lua"
     driver.write_text(ARRAY_DRIVER)
     res = subprocess.run(

@@ -25,9 +25,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bbstage import directives, protocol, render, server
+from bbstage import directives, protocol
+from bbstage.cli import render
+from bbstage.daemon import server
+from bbstage.daemon.state import Store
 from bbstage.protocol import Reply, from_bytes, to_bytes
-from bbstage.state import Store
 
 from .helpers import file_digest, wait_until
 from .hookharness import REPO, Daemon, area, daemon, lua, user_ids, user_tree

@@ -8,7 +8,7 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from bbstage import checks
+from bbstage.cli import checks
 from bbstage.config import Config, Pool
 from tests.hookharness import area, script, start_daemon, user_ids
 

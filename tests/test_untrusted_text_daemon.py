@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import render, report
+from bbstage.cli import render
 from bbstage.config import Config
-from bbstage.engine import Engine
+from bbstage.daemon import report
+from bbstage.daemon.engine import Engine
+from bbstage.daemon.state import Store
 from bbstage.movers import TransferError
 from bbstage.protocol import ERROR_MAX
-from bbstage.state import Store
 from bbstage.transfer import Planned
 from tests.hookharness import Daemon, area, daemon, script, user_ids, user_tree
 from tests.luas import ENDS, lua_fixture

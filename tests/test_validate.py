@@ -6,7 +6,7 @@ import io
 import json
 from pathlib import Path
 
-from bbstage.validate import run
+from bbstage.cli.validate import run
 
 GOOD = """#!/bin/bash
 #SBATCH -t 10

@@ -1,6 +1,6 @@
 """``bbstage bench``: stage a generated data set through the movers real jobs use, and time it.
 
-The transfer runs through :func:`bbstage.worker.run` with a spec built like
+The transfer runs through :func:`bbstage.transfer.worker.run` with a spec built like
 ``Engine._spec`` builds one, in this process — or, with ``as_user``, in a child process
 that has dropped to that user first, as the daemon's workers do. Where both locations are
 POSIX, ``cp`` and ``rsync -a`` copy the same data in the same run (:mod:`.posix` says how

@@ -20,13 +20,13 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bbstage import movers, worker
+from bbstage import movers
 from bbstage.bench.model import BenchError, Location, Options
 from bbstage.bench.posix import bench_posix
 from bbstage.bench.s3 import bench_s3
 from bbstage.bench.transfer import DaskRunner
 from bbstage.identity import Identity
-from bbstage.transfer import Done, Moved, TransferSpec
+from bbstage.transfer import Done, Moved, TransferSpec, worker
 
 MAX_MESSAGE = 16 << 20  # bytes of one message on the pipe (a result with its latencies)
 

@@ -1,5 +1,5 @@
-"""Our contender: the transfer as a job would run it, through :func:`bbstage.worker.run` with
-a spec built as the engine builds one, by ``TransferSpec.of_directive`` (same planning,
+"""Our contender: the transfer as a job would run it, through :func:`bbstage.transfer.worker.run`
+with a spec built as the engine builds one, by ``TransferSpec.of_directive`` (same planning,
 concurrency, movers, retries)."""
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from bbstage import worker
 from bbstage.bench.model import BenchError, Plan, Run
 from bbstage.config import Config, Movers
 from bbstage.identity import Identity
 from bbstage.movers import FileTask
-from bbstage.transfer import AttemptUpdate, Done, Moved, Planned, TransferSpec
+from bbstage.transfer import AttemptUpdate, Done, Moved, Planned, TransferSpec, worker
 
 SAMPLE_EVERY = 0.1  # seconds between throughput samples
 
@@ -98,7 +97,7 @@ class DaskRunner:
     into shards or ranges as a job's transfer is. ``nodes``: where attempts ran."""
 
     def __init__(self, movers: Movers, owner: Identity, client: Any = None) -> None:
-        from bbstage.dask_executor import DaskExecutor
+        from bbstage.daemon.dask_executor import DaskExecutor
 
         self._executor = DaskExecutor(movers, client=client)
         self._owner = owner

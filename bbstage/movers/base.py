@@ -114,7 +114,7 @@ class Mover(ABC):
     only when complete and verified. ``exists`` tells whether a destination is already current.
     """
 
-    walk_apart = False  # walk a big tree in a process of its own (``bbstage.walkproc``)
+    walk_apart = False  # walk a big tree in a process of its own (``bbstage.transfer.walkproc``)
     min_share = 0  # bytes: a share of one file split across nodes is at least this big
 
     def __init__(self, options: MoverOptions) -> None:
@@ -166,8 +166,8 @@ class Mover(ABC):
         cancel: threading.Event,
     ) -> None:
         """Write the ``count`` bytes at ``offset`` of ``task``'s source at the same offset of
-        ``fd`` (one file written by several nodes: ``bbstage.ranges``), all of them or raise.
-        Optional: movers to a local destination implement it."""
+        ``fd`` (one file written by several nodes: ``bbstage.transfer.ranges``), all of them or
+        raise. Optional: movers to a local destination implement it."""
         raise TransferError(f"{type(self).__name__} does not copy byte ranges")
 
     def copy_share(
@@ -175,7 +175,7 @@ class Mover(ABC):
     ) -> None:
         """Copy range ``shard`` (a ``bbstage.transfer.FileRange``) of one file, for
         destinations that assemble a file themselves (S3: pieces, joined on the server).
-        Optional: local destinations use ``copy_range`` and ``bbstage.ranges`` instead."""
+        Optional: local destinations use ``copy_range`` and ``bbstage.transfer.ranges`` instead."""
         raise TransferError(f"{type(self).__name__} does not copy shares of a file")
 
     def copy_many(

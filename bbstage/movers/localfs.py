@@ -192,7 +192,7 @@ def make_link(task: FileTask, job_id: str) -> None:
 
 def temp_name(dst: str, job_id: str, group: str = "", suffix: str = "") -> str:
     """A temporary name beside ``dst``: ``.NAME.bbstage-JOB-GROUP[SUFFIX].part``, ``GROUP``
-    8 hex digits (random unless given: ``bbstage.ranges`` shares one, with ``.rIofN``
+    8 hex digits (random unless given: ``bbstage.transfer.ranges`` shares one, with ``.rIofN``
     suffixes for its markers). A ``NAME`` too long for that to fit in ``NAME_MAX`` is cut,
     with a hash of it (``_short``): any name that can be staged has a temporary name."""
     head, tail = os.path.split(dst)

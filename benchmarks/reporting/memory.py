@@ -18,7 +18,7 @@ def memory(result: dict[str, Any], plots: bool) -> list[str]:
         "blocking `data_in` returns at its end), every process under the daemon sampled every",
         "0.05 s (RSS, PSS); `cp -r` of the same tree as the baseline; page cache dropped before",
         "each. *daemon + worker* is the goal's figure, the sum of their RSS (with the",
-        "worker's walk process, `bbstage.walkproc`, when it has one; the forkserver, which",
+        "worker's walk process, `bbstage.transfer.walkproc`, when it has one; the forkserver, which",  # noqa: E501
         "only forks workers, and multiprocessing's tracker are in *all*). Goals: daemon +",
         "worker below",
         f"{goal['max_mb']} MB, the largest tree within {goal['max_growth']}× the 100,000-file",

@@ -19,7 +19,7 @@ def posix(result: dict[str, Any], plots: bool) -> list[str]:
         "## POSIX throughput (vs cp, rsync)",
         "",
         "`benchmarks/bench_posix.py`, through the code of `bbstage bench` (`bbstage/bench/`):",
-        "the data set is generated on the local disk, staged by `bbstage.worker.run` with the",
+        "the data set is generated on the local disk, staged by `bbstage.transfer.worker.run` with the",  # noqa: E501
         "daemon's defaults (8 threads per transfer, 64 MiB chunks; the same planning, movers",
         "and atomic temp-file + rename writes as a job), and copied by `cp` / `cp -r` and",
         "`rsync -a` in the same run, each to a fresh destination on the same file system.",

@@ -39,7 +39,7 @@ return function(site, read_script, array_of)
 
 	-- Create the job's record and scratch space (22.05 gives uid and gid only here). Where
 	-- data_in blocks (before 24.05), the daemon starts staging in now: data_in comes next.
-	-- For a task split off an array the daemon mends Slurm's directory (bbstage/slurmdirs.py).
+	-- For a task split off an array the daemon mends Slurm's directory (bbstage/daemon/slurmdirs.py).
 	function slurm_bb_setup(job_id, uid, gid, pool, bb_size, job_script, job_info)
 		local array = array_of(job_id, job_info)
 		return forward("setup", 300, job_id, job_script, uid, gid, job_info,
@@ -48,7 +48,7 @@ return function(site, read_script, array_of)
 	end
 
 	-- The daemon leaves an empty file <site.staged>/<job id> once the job's stage-in is done
-	-- (bbstage/staged.py): then data_in and test_data_in need not ask it.
+	-- (bbstage/daemon/staged.py): then data_in and test_data_in need not ask it.
 	local function staged_in(job_id)
 		local f = site.staged and io.open(site.staged .. "/" .. tostring(job_id))
 		if f then f:close() end

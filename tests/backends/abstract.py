@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from bbstage import worker
-from bbstage.transfer import Done, Failed, TransferSpec
+from bbstage.transfer import Done, Failed, TransferSpec, worker
 from tests.backends.stores import Store
 from tests.helpers import Conn
 

@@ -139,7 +139,7 @@ def test_store_to_store_streams_through_the_worker(
 def _run(spec: TransferSpec) -> list[object]:
     import threading
 
-    from bbstage import worker
+    from bbstage.transfer import worker
     from tests.helpers import Conn
 
     conn = Conn()
@@ -175,7 +175,7 @@ def test_a_big_download_in_ranges_lands_whole_and_a_cancel_leaves_nothing(
         assert (out / "big").read_bytes() == body
         import threading
 
-        from bbstage import worker
+        from bbstage.transfer import worker
         from tests.backends.abstract import _StopAtFirstBytes
         from tests.helpers import Conn
 

@@ -110,13 +110,13 @@ def attempts_accounted(cluster: Cluster, job: str) -> list[dict[str, Any]]:
 
 
 def copies(uid: int) -> list[int]:
-    """Processes of ``uid`` running a remote copy (``python -m bbstage.dask_task``)."""
+    """Processes of ``uid`` running a remote copy (``python -m bbstage.transfer.dask_task``)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if (
                 os.stat(f"/proc/{pid}").st_uid == uid
-                and b"bbstage.dask_task" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                and b"bbstage.transfer.dask_task" in Path(f"/proc/{pid}/cmdline").read_bytes()
             ):
                 found.append(int(pid))
         except OSError:

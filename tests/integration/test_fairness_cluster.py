@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage.state import FINISHED
+from bbstage.daemon.state import FINISHED
 from tests.campaign import worker_pids
 from tests.helpers import file_digest, wait_until
 

@@ -102,7 +102,7 @@ def test_slurmctld_restart_during_stage_in(cluster: Cluster, workdir: Path) -> N
 def test_a_job_slurm_strands_in_stage_in_is_cancelled_with_the_reason(
     cluster: Cluster, workdir: Path
 ) -> None:
-    # What Slurm 24.11 does in a rare race (bbstage/reconcile.py), made on purpose: slurmctld
+    # What Slurm 24.11 does in a rare race (bbstage/daemon/reconcile.py), made on purpose: slurmctld
     # stops during a stage-in, the teardown its failed hook causes reaches the daemon, and
     # the job's buffer record is not saved, while the job's record still says staging-in.
     src = make_tree(workdir / "src", 400, 256 << 10, digits=3)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import reconcile
+from bbstage.daemon import reconcile
 from tests.helpers import make_tree, wait_until
 
 from .conftest import OTHER, USER, Cluster, as_user
@@ -125,7 +125,8 @@ def test_bbstat_shows_paths_only_to_their_owner(cluster: Cluster, workdir: Path)
 
 def test_every_task_of_a_job_array_gets_its_scratch(cluster: Cluster, workdir: Path) -> None:
     """Slurm >= 23.02 writes a split-off array task's paths file into a directory it never
-    creates; setup creates it (bbstage/slurmdirs.py), else those tasks are held unexplained."""
+    creates; setup creates it (bbstage/daemon/slurmdirs.py), else those tasks are held
+    unexplained."""
     data = os.urandom(100_000)
     (workdir / "in.dat").write_bytes(data)
     as_user(workdir)

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import movers, transfer_env, worker
+from bbstage import movers
 from bbstage.config import Config, Pool
-from bbstage.engine import Engine
+from bbstage.daemon.engine import Engine
+from bbstage.daemon.state import Store
 from bbstage.identity import Identity
 from bbstage.movers import Backend, TransferError
 from bbstage.movers.implementations.s3 import S3Options
-from bbstage.state import Store
-from bbstage.transfer import Done, Planned
+from bbstage.transfer import Done, Planned, transfer_env, worker
 from tests.unit.test_engine import GID, UID, FakeExecutor, ask, outcomes, script
 
 NOBODY = Identity(65534, 65534, (65534,))

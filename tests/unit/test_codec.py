@@ -9,9 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import codec, dask_task
 from bbstage.identity import Identity
-from bbstage.transfer import Done, Failed, Moved, Planned, TempFile, TempsSettled, TransferSpec
+from bbstage.transfer import (
+    Done,
+    Failed,
+    Moved,
+    Planned,
+    TempFile,
+    TempsSettled,
+    TransferSpec,
+    codec,
+    dask_task,
+)
 
 NOBODY = Identity(65534, 65534, (65534,))
 
@@ -88,7 +97,7 @@ def test_a_long_event_is_sent_in_frames_within_the_bound() -> None:
 
 def _fake_child(area: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
     """``dask_task.run_child`` starts this shell script (as the user) instead of
-    ``python -m bbstage.dask_task``: a child the user took over."""
+    ``python -m bbstage.transfer.dask_task``: a child the user took over."""
     path = area / "child"
     path.write_text(f"#!/bin/sh\ncat >/dev/null\n{script}\n")
     path.chmod(0o755)

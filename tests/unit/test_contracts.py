@@ -1,4 +1,4 @@
-"""The contracts of bbstage/contracts.py, checked without a type checker: both executors are
+"""The contracts of bbstage/daemon/contracts.py, checked without a type checker: both executors are
 ``Executor``s (``isinstance``: every member present) with the contract's signatures."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import inspect
 import pytest
 
 from bbstage.config import Movers
-from bbstage.contracts import Executor
-from bbstage.dask_executor import DaskExecutor
-from bbstage.executor import TransferExecutor
+from bbstage.daemon.contracts import Executor
+from bbstage.daemon.dask_executor import DaskExecutor
+from bbstage.daemon.executor import TransferExecutor
 
 MEMBERS = sorted(name for name in vars(Executor) if not name.startswith("_"))
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from bbstage import config, dask_client
-from bbstage.dask_client import Connection, connected
+from bbstage import config
+from bbstage.daemon import dask_client
+from bbstage.daemon.dask_client import Connection, connected
 
 
 class FakeClient:

@@ -18,8 +18,8 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from bbstage import config, dask_task  # noqa: E402
-from bbstage.dask_executor import DaskExecutor, _Attempt  # noqa: E402
+from bbstage import config  # noqa: E402
+from bbstage.daemon.dask_executor import DaskExecutor, _Attempt  # noqa: E402
 from bbstage.identity import Identity  # noqa: E402
 from bbstage.movers import Cancelled, TransferError  # noqa: E402
 from bbstage.transfer import (  # noqa: E402
@@ -28,6 +28,7 @@ from bbstage.transfer import (  # noqa: E402
     Moved,
     Planned,
     TransferSpec,
+    dask_task,  # noqa: E402
 )
 from tests.helpers import file_digest, make_tree, tree_digests, wait_until  # noqa: E402
 
@@ -70,13 +71,13 @@ def partial(area: Path) -> list[Path]:
 
 
 def children(uid: int) -> list[int]:
-    """Processes of ``uid`` running ``bbstage.dask_task``."""
+    """Processes of ``uid`` running ``bbstage.transfer.dask_task``."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.stat(f"/proc/{pid}").st_uid != uid:
                 continue
-            if b"bbstage.dask_task" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"bbstage.transfer.dask_task" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found.append(int(pid))
         except OSError:
             pass
@@ -433,7 +434,7 @@ def test_attempts_of_a_killed_daemon_are_stopped_and_their_events_deleted_at_res
     the scheduler (a killed daemon never deleted them)."""
     from distributed import Event as DaskEvent
 
-    from bbstage import dask_executor
+    from bbstage.daemon import dask_executor
 
     monkeypatch.setattr(dask_executor, "CANCEL_WAIT", 0.5)
     big = sparse(area)
@@ -476,7 +477,7 @@ def test_a_transfer_waits_for_a_connected_client_and_a_stuck_one_is_replaced(
     """Nothing is sent through a client that distributed's reconnection left "connecting"
     (it would hold it for ever): the transfer waits, the watcher gives the client up after
     ``GIVE_UP`` s, and the transfer goes through a new client; its bytes arrive."""
-    from bbstage import dask_client
+    from bbstage.daemon import dask_client
 
     monkeypatch.setattr(dask_client, "GIVE_UP", 1.5)
     monkeypatch.setattr(dask_client, "WATCH_EVERY", 0.1)
@@ -540,7 +541,7 @@ def test_an_event_that_cannot_be_deleted_is_logged_not_raised(
 ) -> None:
     """(It ran in a thread of its own and died there: the warning passed ``event=`` to
     structlog, whose first argument is the event.)"""
-    from bbstage.dask_executor import _clear
+    from bbstage.daemon.dask_executor import _clear
 
     gone = mock.Mock(status="connecting")
     gone.sync.side_effect = OSError("the scheduler is gone")

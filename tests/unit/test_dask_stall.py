@@ -17,8 +17,9 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from bbstage import config, stall  # noqa: E402
-from bbstage.dask_executor import DaskExecutor  # noqa: E402
+from bbstage import config  # noqa: E402
+from bbstage.daemon import stall  # noqa: E402
+from bbstage.daemon.dask_executor import DaskExecutor  # noqa: E402
 from bbstage.movers import Cancelled, TransferError  # noqa: E402
 from bbstage.transfer import TransferSpec  # noqa: E402
 from tests.helpers import wait_until  # noqa: E402

@@ -20,13 +20,13 @@ from structlog.testing import capture_logs
 
 from bbstage import directives, movers
 from bbstage.config import Config, Pool
-from bbstage.contracts import Executor, Sink
-from bbstage.engine import Engine
-from bbstage.events import EngineEvent, HookAnswered, TransferEnded
+from bbstage.daemon.contracts import Executor, Sink
+from bbstage.daemon.engine import Engine
+from bbstage.daemon.events import EngineEvent, HookAnswered, TransferEnded
+from bbstage.daemon.server import Server
+from bbstage.daemon.state import Store
 from bbstage.movers import Cancelled, TransferError
 from bbstage.protocol import Request, encode_request
-from bbstage.server import Server
-from bbstage.state import Store
 from bbstage.transfer import AttemptUpdate, Done, Planned, TransferSpec
 from tests.helpers import wait_until_async
 
@@ -35,7 +35,7 @@ UID, GID = 65534, 65534  # nobody: Identity.of accepts any known non-root user
 
 class FakeExecutor:
     """Answers each submit with the next scripted outcome: (plan, Done or an exception). An
-    ``Executor`` (bbstage/contracts.py), as the engine needs."""
+    ``Executor`` (bbstage/daemon/contracts.py), as the engine needs."""
 
     running = queued = 0
 

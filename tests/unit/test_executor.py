@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import executor as executor_module
-from bbstage import worker
-from bbstage.executor import TransferExecutor
+from bbstage.daemon import executor as executor_module
+from bbstage.daemon.executor import TransferExecutor
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
-from bbstage.transfer import TransferSpec
+from bbstage.transfer import TransferSpec, worker
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="workers drop from root to a user")
@@ -140,7 +139,7 @@ def test_shutdown_stops_stuck_workers_together_not_one_after_another() -> None:
 def test_workers_copy_at_normal_priority_under_a_raised_daemon() -> None:
     import multiprocessing
 
-    from bbstage import worker
+    from bbstage.transfer import worker
 
     parent, child = multiprocessing.Pipe(duplex=True)
     before = os.getpriority(os.PRIO_PROCESS, 0)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage.executor import TransferExecutor
+from bbstage.daemon.executor import TransferExecutor
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
 from bbstage.transfer import Done, TransferSpec

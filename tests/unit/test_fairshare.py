@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bbstage.fairshare import FIFO, Policy, Queue
+from bbstage.daemon.fairshare import FIFO, Policy, Queue
 
 A, B, C = 1001, 1002, 1003
 

@@ -178,9 +178,11 @@ def test_imports_respect_the_sides() -> None:
 def test_the_side_checker_sees_a_user_module_importing_root(monkeypatch: Any) -> None:
     """The checker itself: a user module that imports a root one fails."""
     edges = graph()
-    edges["bbstage.worker"] = edges["bbstage.worker"] | {"bbstage.engine"}
+    edges["bbstage.transfer.worker"] = edges["bbstage.transfer.worker"] | {"bbstage.daemon.engine"}
     monkeypatch.setattr(sys.modules[__name__], "graph", lambda: edges)
-    with pytest.raises(AssertionError, match=r"bbstage.worker \(user\) imports bbstage.engine"):
+    with pytest.raises(
+        AssertionError, match=r"bbstage.transfer.worker \(user\) imports bbstage.daemon.engine"
+    ):
         test_imports_respect_the_sides()
 
 
@@ -188,7 +190,7 @@ def test_the_side_checker_sees_a_user_module_importing_root(monkeypatch: Any) ->
 NAMES_A_BACKEND = {
     "bbstage/bench/": "`bbstage bench`'s S3 run and its S3 peers (s5cmd, rclone): the S3"
     " backend's benchmark, not yet moved into bbstage/movers/implementations/s3/",
-    "bbstage/cli.py": "the help text of `bbstage bench` (above)",
+    "bbstage/cli/main.py": "the help text of `bbstage bench` (above)",
 }
 
 

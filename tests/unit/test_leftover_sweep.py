@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import leftovers
-from bbstage.engine import Engine
+from bbstage.daemon import leftovers
+from bbstage.daemon.engine import Engine
 from tests.unit.test_engine import GID, UID, ask, engine, script
 
 __all__ = ["engine"]  # the fixture

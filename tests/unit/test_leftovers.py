@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bbstage import leftovers
+from bbstage.daemon import leftovers
 
 NOBODY = 65534
 

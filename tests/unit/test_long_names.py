@@ -8,10 +8,9 @@ import os
 import threading
 from pathlib import Path
 
-from bbstage import worker
 from bbstage.movers import FileTask, MoverOptions, localfs
 from bbstage.movers.implementations.posix import PosixMover
-from bbstage.transfer import TempFile, TempsSettled, TransferSpec
+from bbstage.transfer import TempFile, TempsSettled, TransferSpec, worker
 from tests.helpers import Conn, Sink, file_digest
 
 LONG = "é" * 100 + "x" * 50  # 250 bytes in UTF-8, 150 characters

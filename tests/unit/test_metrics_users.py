@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from bbstage import metrics
 from bbstage.config import Config
-from bbstage.events import TransferEnded
-from bbstage.state import Store
+from bbstage.daemon import metrics
+from bbstage.daemon.events import TransferEnded
+from bbstage.daemon.state import Store
 
 
 class Executor:

@@ -13,10 +13,19 @@ from typing import Any
 
 import pytest
 
-from bbstage import planning, walkproc, worker
 from bbstage.movers import FileTask, Mover, MoverOptions
 from bbstage.movers.implementations import posix
-from bbstage.transfer import Done, Failed, Planned, TempFile, TransferSpec, track_temps
+from bbstage.transfer import (
+    Done,
+    Failed,
+    Planned,
+    TempFile,
+    TransferSpec,
+    planning,
+    track_temps,
+    walkproc,
+    worker,
+)
 from tests.helpers import Conn, file_digest, make_tree, tree_digests
 from tests.unit.test_engine import ask, engine, outcomes, setup, states
 
@@ -134,7 +143,8 @@ def test_a_tree_that_changes_while_it_is_walked(
     """Files added where the walk has not been yet are staged, those added where it has
     been are not; either way the manifest covers the final plan and every staged file
     holds its source's bytes, with no temporary file left. The walk runs in a thread or in
-    a process of its own (``bbstage.walkproc``); the copy, a window behind it, adds them."""
+    a process of its own (``bbstage.transfer.walkproc``); the copy, a window behind it, adds
+    them."""
     monkeypatch.setattr(worker, "READ_AHEAD_FILES", 32)  # the walk stays close to the copy
     monkeypatch.setattr(walkproc, "MANY", 0 if apart else 10**9)
     src = tmp_path / "src"

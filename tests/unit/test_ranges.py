@@ -1,5 +1,5 @@
 """Byte ranges of one file written by several workers into one temporary file and put in
-place once (``bbstage.ranges``): the bytes are the source's, exactly one range renames, the
+place once (``bbstage.transfer.ranges``): the bytes are the source's, exactly one range renames, the
 old file stays whole until then, and a temporary file made again midway never lands."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bbstage.movers.base import FileTask, TransferError
-from bbstage.ranges import span, write_range
 from bbstage.transfer import FileRange
+from bbstage.transfer.ranges import span, write_range
 
 SIZE = (3 << 20) + 12345
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from bbstage import reconcile
-from bbstage.state import DirectiveState
+from bbstage.daemon import reconcile
+from bbstage.daemon.state import DirectiveState
 
 
 class FakeEngine:

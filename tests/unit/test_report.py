@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import render, report
-from bbstage.state import Store
+from bbstage.cli import render
+from bbstage.daemon import report
+from bbstage.daemon.state import Store
 
 
 @pytest.fixture

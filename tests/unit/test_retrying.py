@@ -1,5 +1,5 @@
-"""One retry policy, one budget (``bbstage.retrying``): a request that keeps failing is sent
-at most ``retrying.BUDGET`` times in all, whatever the layers between it and the engine."""
+"""One retry policy, one budget (``bbstage.transfer.retrying``): a request that keeps failing is
+sent at most ``retrying.BUDGET`` times in all, whatever the layers between it and the engine."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import engine, retrying
+from bbstage.daemon import engine
 from bbstage.movers import TransferError
 from bbstage.movers.implementations.s3 import fast
-from bbstage.transfer import TransferSpec
+from bbstage.transfer import TransferSpec, retrying
 from tests.helpers import run_worker, s3_sides
 
 

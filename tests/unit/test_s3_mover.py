@@ -17,12 +17,11 @@ import botocore.session
 import pytest
 from botocore.exceptions import ClientError
 
-from bbstage import worker
 from bbstage.movers import FileTask, MoverOptions, TransferError
 from bbstage.movers.implementations import s3 as s3m
 from bbstage.movers.implementations.s3.download import _safe_rel
 from bbstage.movers.implementations.s3.settings import S3Options
-from bbstage.transfer import Done, Failed, FileRange, Planned, TransferSpec
+from bbstage.transfer import Done, Failed, FileRange, Planned, TransferSpec, worker
 from tests.helpers import Conn, file_digest, run_worker, s3_sides
 
 CREDS = {"key": "testing", "secret": "testing"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 
-from bbstage.executor import TransferExecutor
+from bbstage.daemon.executor import TransferExecutor
 from bbstage.movers.implementations.s3.settings import S3Options
 
 

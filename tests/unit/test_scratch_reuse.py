@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bbstage.engine import Engine
+from bbstage.daemon.engine import Engine
 from bbstage.movers import TransferError
 from bbstage.transfer import Done, Planned
 from tests.helpers import digest, file_digest

@@ -9,7 +9,6 @@ import os
 import threading
 from pathlib import Path
 
-from bbstage import planning, worker
 from bbstage.movers import FileTask
 from bbstage.movers.localfs import temp_name
 from bbstage.transfer import (
@@ -20,6 +19,8 @@ from bbstage.transfer import (
     TempsSettled,
     TransferSpec,
     TreeShard,
+    planning,
+    worker,
 )
 from tests.helpers import Conn, make_tree, tree_digests
 

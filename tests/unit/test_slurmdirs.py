@@ -1,4 +1,4 @@
-"""bbstage.slurmdirs: the state directory and script Slurm forgets for an array task."""
+"""bbstage.daemon.slurmdirs: the state directory and script Slurm forgets for an array task."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import slurmdirs
-from bbstage.slurmdirs import mend_task
+from bbstage.daemon import slurmdirs
+from bbstage.daemon.slurmdirs import mend_task
 
 
 def state(tmp_path: Path, array: int) -> Path:

@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
-from bbstage import render, report, walkproc, worker
+from bbstage.cli import render
 from bbstage.config import Config
-from bbstage.engine import Engine
+from bbstage.daemon import report
+from bbstage.daemon.engine import Engine
+from bbstage.daemon.state import Store
 from bbstage.movers import FileTask, MoverOptions, TransferError, localfs
 from bbstage.movers.implementations.posix import PosixMover
-from bbstage.state import Store
-from bbstage.transfer import Done, Failed, Planned, TransferSpec
+from bbstage.transfer import Done, Failed, Planned, TransferSpec, walkproc, worker
 from tests.helpers import Conn, Sink, file_digest, run_worker, tree_digests
 from tests.unit.test_engine import FakeExecutor, ask, setup
 
@@ -115,7 +116,7 @@ def test_specials_in_a_tree_are_skipped_counted_and_the_rest_copied(
 def test_specials_in_a_tree_walked_apart_are_counted(
     tmp_path: Path, specials: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A big tree is walked in a process of its own (``bbstage.walkproc``): the count comes
+    """A big tree is walked in a process of its own (``bbstage.transfer.walkproc``): the count comes
     back through its frames."""
     monkeypatch.setattr(walkproc, "MANY", 2)
     src, dst = tmp_path / "src", tmp_path / "dst"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bbstage import staged
+from bbstage.daemon import staged
 
 
 def test_prepare_starts_empty_and_root_only(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ import asyncio
 from concurrent.futures import Future
 from typing import Any
 
-from bbstage import fairshare
-from bbstage.engine import Engine
+from bbstage.daemon import fairshare
+from bbstage.daemon.engine import Engine
 from bbstage.protocol import Request
 from bbstage.transfer import Done, Planned, TransferSpec
 from tests.unit.test_engine import engine, setup

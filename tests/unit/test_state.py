@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bbstage.state import Store
+from bbstage.daemon.state import Store
 
 
 def directive(index: int) -> dict[str, object]:
@@ -18,7 +18,7 @@ def directive(index: int) -> dict[str, object]:
             "destination": f"/d{index}"}  # fmt: skip
 
 
-# The legal moves (bbstage.state.MOVES) from setup to each state these tests use.
+# The legal moves (bbstage.daemon.state.MOVES) from setup to each state these tests use.
 PATHS = {"setup": [], "running": ["staging_in", "staged_in", "running"], "done": ["done"],
          "failed": ["failed"]}  # fmt: skip
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage.state import (
+from bbstage.daemon.state import (
     MOVES,
     AttemptState,
     DirectiveState,
@@ -45,7 +45,7 @@ def test_the_whole_table_every_legal_move_taken_every_other_pair_refused(
 
 def test_a_finished_job_never_moves_again_but_a_cancelled_one_may_fail() -> None:
     """The table's one exit from a finished state: reconcile fails a job cancelled here that
-    Slurm stranded (bbstage.reconcile)."""
+    Slurm stranded (bbstage.daemon.reconcile)."""
     for done in (JobState.DONE, JobState.FAILED):
         assert MOVES[JobState][done] == frozenset()
     assert MOVES[JobState][JobState.CANCELLED] == {JobState.FAILED}

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 from bbstage import counts
-from bbstage.engine import Engine, _Running
+from bbstage.daemon.engine import Engine, _Running
 from bbstage.movers import FileTask, Mover, TransferError
 from bbstage.movers.implementations.s3 import head, listing
 from bbstage.movers.implementations.s3.download import S3Download
-from bbstage.planning import Walk
 from bbstage.protocol import Request
 from bbstage.transfer import Done, Planned
+from bbstage.transfer.planning import Walk
 from tests.helpers import wait_until_async
 from tests.unit.test_engine import ask, engine, outcomes, setup, states
 from tests.unit.test_s3_listing import _Fast

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from bbstage import identity, leftovers, walkproc
+from bbstage import identity
+from bbstage.daemon import leftovers
 from bbstage.identity import user_env
-from bbstage.transfer import TransferSpec
+from bbstage.transfer import TransferSpec, walkproc
 from tests.helpers import run_worker, tree_digests
 from tests.unit.test_leftovers import NOBODY, owned_dir, temp
 

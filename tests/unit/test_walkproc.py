@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 
-from bbstage import walkproc, worker
 from bbstage.movers import FileTask
 from bbstage.movers.implementations import posix
-from bbstage.transfer import Done, Failed, Planned, ScratchLimit, TransferSpec
+from bbstage.transfer import Done, Failed, Planned, ScratchLimit, TransferSpec, walkproc, worker
 from tests.helpers import Conn, make_tree, tree_digests
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -55,7 +54,7 @@ def walks(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
 
 def in_the_walk(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
     """Run ``code`` in the walk's process before it walks (a fault to inject)."""
-    main = "from bbstage import walkproc\nwalkproc.main()\n"
+    main = "from bbstage.transfer import walkproc\nwalkproc.main()\n"
     command = [sys.executable, "-c", code + "\n" + main]
     monkeypatch.setattr(walkproc, "COMMAND", command)
 
@@ -148,7 +147,7 @@ def test_a_killed_walk_fails_the_transfer_for_a_retry(
     in_the_walk(
         monkeypatch,
         "import os, signal\n"
-        "from bbstage import walkproc\n"
+        "from bbstage.transfer import walkproc\n"
         "hand_on, n = walkproc._Sending.hand_on, [0]\n"
         "def dying(self, chunk, force=False):\n"
         "    n[0] += 1\n"
@@ -186,7 +185,7 @@ def test_the_walk_ends_with_its_worker(tmp_path: Path, ahead: int) -> None:
     src = make_tree(tmp_path / "src", 3000, 10)
     code = (
         "import threading\n"
-        "from bbstage import walkproc, worker\n"
+        "from bbstage.transfer import walkproc, worker\n"
         "from bbstage.transfer import TransferSpec\n"
         f"worker.READ_AHEAD_FILES = {ahead}\n"
         "enter = walkproc.WalkApart.__enter__\n"

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from bbstage import retrying, worker
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
-from bbstage.transfer import Planned, ScratchLimit, TransferSpec
+from bbstage.transfer import Planned, ScratchLimit, TransferSpec, retrying, worker
 from tests.helpers import Conn, run_worker
 
 
@@ -144,8 +143,8 @@ def test_a_resumed_transfer_removes_its_stale_temp_files(tmp_path: Path) -> None
 def test_select_looks_up_only_entries_of_directories_that_exist(tmp_path: Path) -> None:
     """``planning.select`` skips the per-file lookup under a directory found absent, and only
     there: a partly staged tree still skips its current files and keeps (``never``) the rest."""
-    from bbstage import planning
     from bbstage.movers.implementations.posix import PosixMover
+    from bbstage.transfer import planning
 
     src = tmp_path / "src"
     for d in ("a", "a/sub", "b"):

@@ -11,7 +11,7 @@ import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from bbstage import counts, retrying
+from bbstage import counts
 from bbstage.movers import checksum, localfs
 from bbstage.movers.base import FileTask, Progress, TransferError, os_error
 from bbstage.movers.implementations.s3.common import (
@@ -24,6 +24,7 @@ from bbstage.movers.implementations.s3.direct import Reached
 from bbstage.movers.implementations.s3.errors import _NOT_FOUND, split_url
 from bbstage.movers.implementations.s3.fast import FAST_MAX
 from bbstage.movers.implementations.s3.settings import MiB
+from bbstage.transfer import retrying
 
 _READ = 1 * MiB  # bytes asked of the socket per read when streaming a download
 # Bytes per write to the local file: on ext4 (Linux 6.18) a write of 512 KiB or more cost

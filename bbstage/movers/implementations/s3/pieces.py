@@ -21,8 +21,8 @@ from bbstage.movers.base import FileTask, Progress, TransferError
 from bbstage.movers.implementations.s3.common import MTIME_KEY, _Counted, _first_failure
 from bbstage.movers.implementations.s3.errors import _NOT_FOUND, S3Error, split_url
 from bbstage.movers.implementations.s3.upload import S3ObjectUpload, create_window
-from bbstage.ranges import span
 from bbstage.transfer import FileRange
+from bbstage.transfer.ranges import span
 
 MIN_PART = 5 << 20  # S3's smallest part (but the last)
 COPY_MAX = 5 << 30  # S3's largest part (and part copy)

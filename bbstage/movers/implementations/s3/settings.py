@@ -15,8 +15,8 @@ from typing import Any
 
 import structlog
 
-from bbstage import retrying
 from bbstage.movers.base import BackendOptions, TransferError
+from bbstage.transfer import retrying
 from bbstage.units import parse_size
 
 log = structlog.get_logger("bbstage.s3")

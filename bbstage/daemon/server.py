@@ -19,11 +19,12 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from bbstage import jobcheck, protocol, report
-from bbstage.engine import Engine, Refused, internal_error
+from bbstage import protocol
+from bbstage.daemon import jobcheck, report
+from bbstage.daemon.engine import Engine, Refused, internal_error
 from bbstage.protocol import ERROR, MAX_USER_REQUEST, OK, ProtocolError, Reply
 
-log = structlog.get_logger("bbstage.server")
+log = structlog.get_logger("bbstage.daemon.server")
 # User socket (docs/protocol.md): connections open at once, in all and per uid. Past either,
 # a connection is answered "busy" at once and closed: an idle client holds at most its own
 # uid's share, so one user cannot make `bbstage status` of another wait or fail.
@@ -64,7 +65,7 @@ class Server:
         )
         os.chmod(users, 0o666)
         if self.config.api_address:
-            from bbstage import netapi
+            from bbstage.daemon import netapi
 
             self._api = netapi.Api(self, self.config.api_address, self.config.munge_socket)
             await self._api.start()

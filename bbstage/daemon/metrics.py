@@ -25,12 +25,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram,
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from bbstage import report
 from bbstage.config import Config
-from bbstage.events import EngineEvent, HookAnswered, TransferEnded
-from bbstage.state import Store
+from bbstage.daemon import report
+from bbstage.daemon.events import EngineEvent, HookAnswered, TransferEnded
+from bbstage.daemon.state import Store
 
-log = structlog.get_logger("bbstage.metrics")
+log = structlog.get_logger("bbstage.daemon.metrics")
 
 BYTES = Counter("bbstage_staged_bytes", "Bytes staged", ["direction"])
 FILES = Counter("bbstage_staged_files", "Files staged", ["direction"])

@@ -1,4 +1,4 @@
-"""The shards of one transfer as one transfer (``bbstage.dask_executor`` runs each shard of a
+"""The shards of one transfer as one transfer (``bbstage.daemon.dask_executor`` runs each shard of a
 tree as an attempt of its own): their ``Planned`` and ``Moved`` summed, their outcomes
 combined into the transfer's future once every shard has ended. The first shard that fails
 stops the others and fails the transfer with its own error."""

@@ -1,7 +1,7 @@
 """Transfers, run in a worker process that has dropped to the job owner's identity.
 
-The parent (``bbstage.executor``) sends a ``TransferSpec``; the worker walks the source in
-one thread (a big POSIX tree in a process of its own, ``bbstage.walkproc``), a bounded
+The parent (``bbstage.daemon.executor``) sends a ``TransferSpec``; the worker walks the source in
+one thread (a big POSIX tree in a process of its own, ``bbstage.transfer.walkproc``), a bounded
 window ahead of the threads that copy many files (or the chunks of one big file)
 concurrently, so memory does not grow with the number of files; it reports events
 over a pipe (``bbstage.transfer``): ``Planned`` as the walk goes and ``final`` when it ends,
@@ -22,7 +22,7 @@ from multiprocessing import forkserver, resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from bbstage import codec, movers, planning, ranges, retrying, transfer_env, walkproc
+from bbstage import movers
 from bbstage.identity import Identity, user_env
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, localfs
 from bbstage.transfer import (
@@ -35,6 +35,12 @@ from bbstage.transfer import (
     TempFile,
     TempsSettled,
     TransferSpec,
+    codec,
+    planning,
+    ranges,
+    retrying,
+    transfer_env,
+    walkproc,
 )
 
 _REPORT_EVERY = 0.25
@@ -87,7 +93,7 @@ class Reporter:
             self._maybe_report()
 
     def range_done(self, task: FileTask, nbytes: int, files: int) -> None:
-        """A share's byte range of ``task``'s file is written (``bbstage.ranges``): its
+        """A share's byte range of ``task``'s file is written (``bbstage.transfer.ranges``): its
         bytes, and the file itself for share 0 (so the shares' manifests add up to one
         file). Its temporary files are no longer this share's: its siblings' or renamed."""
         with self._lock:
@@ -258,7 +264,7 @@ def _copy_range(
     cancel: threading.Event,
 ) -> None:
     """Range ``part`` of a one-file transfer: its bytes of a file of at least ``min_size``
-    bytes (``bbstage.ranges``; to a store that assembles pieces: ``copy_share``); anything
+    bytes (``bbstage.transfer.ranges``; to a store that assembles pieces: ``copy_share``); anything
     else (a smaller file, a link, a file already in place, a transfer with ``checksum=``)
     range 0 copies whole, alone."""
     if spec.resumed:

@@ -1,17 +1,17 @@
 """Runs transfers in worker processes, each as the job's user.
 
-A ``bbstage.contracts.Executor``, as ``bbstage.dask_executor.DaskExecutor`` (transfer nodes)
-is: the engine holds one or the other.
+A ``bbstage.daemon.contracts.Executor``, as ``bbstage.daemon.dask_executor.DaskExecutor`` (transfer
+nodes) is: the engine holds one or the other.
 
 A worker process drops to one user's uid, gid and groups for good, then runs that user's
 transfers one at a time. After a transfer it waits, idle, for the next one of the same
 identity (a fresh process costs more than a small transfer: docs/performance.md): a job
-array's tasks reuse it. Its events come back through ``bbstage.codec`` (typed JSON frames,
+array's tasks reuse it. Its events come back through ``bbstage.transfer.codec`` (typed JSON frames,
 bounded): a worker runs as the user, so root never unpickles what it sends. It is retired
 after ``IDLE_RETIRE`` seconds idle (and exits by itself if the daemon goes away). A failed
 or cancelled transfer ends its worker.
 
-Transfers wait in per-user queues; ``bbstage.fairshare`` says which runs next (the executor
+Transfers wait in per-user queues; ``bbstage.daemon.fairshare`` says which runs next (the executor
 only runs what it picks). A transfer that sends no event (no byte moved, no file planned)
 for ``stall_timeout`` seconds is stopped as its cancel would be (SIGTERM, then SIGKILL),
 its temporary files removed, and it fails transiently with a reason naming where it was.
@@ -32,11 +32,12 @@ from typing import Any
 
 import structlog
 
-from bbstage import codec, fairshare, movers, stall, worker
-from bbstage.contracts import Sink
+from bbstage import movers
+from bbstage.daemon import fairshare, stall
+from bbstage.daemon.contracts import Sink
 from bbstage.identity import Identity, unlink_as
 from bbstage.movers import Cancelled, TransferError
-from bbstage.transfer import Done, Failed, TransferSpec, track_temps
+from bbstage.transfer import Done, Failed, TransferSpec, codec, track_temps, worker
 
 KILL_AFTER = 1.5  # seconds between SIGTERM and SIGKILL on cancel
 IDLE_RETIRE = 10.0  # seconds an idle worker is kept for its user's next transfer
@@ -88,7 +89,7 @@ class TransferExecutor:
                 # script, a few ms. A program with heavy top-level imports makes every
                 # fresh worker pay for them (benchmarks/bench_s3.py keeps its light).
                 "__main__",
-                "bbstage.worker",
+                "bbstage.transfer.worker",
                 *movers.preloads(),  # the enabled backends' (S3: ~0.3 s per worker saved)
                 # Else read from disk by each worker (its start, its first connection)
                 "pkgutil",

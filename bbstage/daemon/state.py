@@ -95,7 +95,7 @@ MOVES: dict[type[_Machine], dict[Any, frozenset[Any]]] = {
         _J.STAGED_OUT: _ENDS,
         _J.DONE: frozenset(),
         _J.FAILED: frozenset(),
-        # Cancelled here, but Slurm kept waiting for its stage-in: bbstage.reconcile ends it.
+        # Cancelled here, but Slurm kept waiting for its stage-in: bbstage.daemon.reconcile ends it.
         _J.CANCELLED: frozenset((_J.FAILED,)),
     },
     DirectiveState: {

@@ -12,7 +12,7 @@ import structlog
 
 from bbstage.config import Pool
 
-log = structlog.get_logger("bbstage.scratch")
+log = structlog.get_logger("bbstage.daemon.scratch")
 
 PREFIX = "$BB_SCRATCH"
 

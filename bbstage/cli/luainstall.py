@@ -21,10 +21,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bbstage import movers, staged
+from bbstage import movers
 from bbstage.config import Config
+from bbstage.daemon import staged
 
-LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
 LUA_VERSIONS = ("5.1", "5.2", "5.3", "5.4")
 # Where distributions put Slurm's plugins (PluginDir): Debian and Ubuntu, then the RHEL
 # family (SchedMD's spec file, OpenHPC), then source builds.

@@ -3,7 +3,7 @@
 A transfer whose copy sends no event (no byte moved, no file planned) for ``stall_timeout``
 seconds is stopped as a cancel would stop it, its temporary files removed, and it fails
 transiently with ``reason``. The local executor waits on each worker's pipe with that
-timeout (``bbstage.executor``); the Dask executor's attempts are watched by a ``Watchdog``
+timeout (``bbstage.daemon.executor``); the Dask executor's attempts are watched by a ``Watchdog``
 thread, which hears of each event they send back and stops one that falls silent.
 """
 

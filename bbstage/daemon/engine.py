@@ -17,15 +17,13 @@ from typing import Any
 
 import structlog
 
-from bbstage import directives, leftovers, report, retrying, scratch, slurmdirs, staged
+from bbstage import directives
 from bbstage.config import Config
-from bbstage.contracts import Executor
 from bbstage.counts import clamp
-from bbstage.events import EngineEvent, HookAnswered, TransferEnded
-from bbstage.identity import Identity, IdentityError
-from bbstage.movers import Cancelled, TransferError
-from bbstage.protocol import BUSY, ERROR, OK, ProtocolError, Reply, Request, bounded
-from bbstage.state import (
+from bbstage.daemon import leftovers, report, scratch, slurmdirs, staged
+from bbstage.daemon.contracts import Executor
+from bbstage.daemon.events import EngineEvent, HookAnswered, TransferEnded
+from bbstage.daemon.state import (
     FINISHED,
     UNFINISHED,
     AttemptState,
@@ -35,6 +33,9 @@ from bbstage.state import (
     JobState,
     Store,
 )
+from bbstage.identity import Identity, IdentityError
+from bbstage.movers import Cancelled, TransferError
+from bbstage.protocol import BUSY, ERROR, OK, ProtocolError, Reply, Request, bounded
 from bbstage.transfer import (
     AttemptUpdate,
     Done,
@@ -43,9 +44,10 @@ from bbstage.transfer import (
     Planned,
     ScratchLimit,
     TransferSpec,
+    retrying,
 )
 
-log = structlog.get_logger("bbstage.engine")
+log = structlog.get_logger("bbstage.daemon.engine")
 
 PROGRESS_EVERY = 1.0  # seconds between saves of the running transfers' progress
 ATTEMPTS = retrying.TRANSFER.tries  # a transfer that fails transiently is run again
@@ -147,7 +149,7 @@ class Engine:
         return reply
 
     def subscribe(self, listener: Callable[[EngineEvent], None]) -> None:
-        """Call ``listener`` with every event from now on (bbstage/events.py)."""
+        """Call ``listener`` with every event from now on (bbstage/daemon/events.py)."""
         self._listeners.append(listener)
 
     def _emit(self, event: EngineEvent) -> None:
@@ -355,7 +357,7 @@ class Engine:
         return Reply.ok()
 
     async def end_job(self, job_id: str, hurry: bool) -> None:
-        """Tear a job down: Slurm's teardown hook, or (``bbstage.reconcile``, in a ``hurry``)
+        """Tear a job down: Slurm's teardown hook, or (``bbstage.daemon.reconcile``, in a ``hurry``)
         for a job Slurm no longer runs. In-job copies finish first unless ``hurry``, which
         cancels every transfer; the scratch goes unless it holds results."""
         staged.unmark(self._staged, job_id)
@@ -416,7 +418,7 @@ class Engine:
             self.store.set_job(job.job_id, state=JobState.FAILED, error=_join(job.error, error))
 
     def fail_job(self, job_id: str, error: str) -> None:
-        """Fail a job for ``error``, a reason found outside its hooks (``bbstage.reconcile``:
+        """Fail a job for ``error``, a reason found outside its hooks (``bbstage.daemon.reconcile``:
         Slurm stranded it); ``IllegalTransition`` if it has ended other than cancelled."""
         self.store.set_job(job_id, state=JobState.FAILED, error=error)
 
@@ -502,7 +504,8 @@ class Engine:
     async def _sweep_lost(self, req: Request) -> None:
         """A job the daemon has no record of (its state was lost, or setup refused it): no
         record of what its workers wrote either, so the script (``script``, or Slurm's copy
-        at ``script_path``) says where their temporary files may be (bbstage/leftovers.py)."""
+        at ``script_path``) says where their temporary files may be
+        (bbstage/daemon/leftovers.py)."""
         script = req.get("script")
         if not script and not req.get("script_path"):
             return

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bbstage import scratch
 from bbstage.config import Config
-from bbstage.state import AttemptRow, AttemptState, DirectiveState, JobRow, Store
+from bbstage.daemon import scratch
+from bbstage.daemon.state import AttemptRow, AttemptState, DirectiveState, JobRow, Store
 
 # Why a transfer waits, by its key ("job id:directive index"): the executor's ``why``.
 Why = Callable[[str], "str | None"]

@@ -26,7 +26,7 @@ class Executor(Protocol):
     A transfer is named by its ``key`` ("job id:directive index"), unique among those
     running. Every method is called from a thread that may block (``submit`` excepted: the
     event loop calls it, so it only queues). The executor keeps nothing durable: what must
-    survive a restart is the engine's (``bbstage.state``)."""
+    survive a restart is the engine's (``bbstage.daemon.state``)."""
 
     def submit(
         self,

@@ -7,7 +7,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from bbstage import luainstall
+from bbstage.cli import luainstall
 from bbstage.config import Config
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"

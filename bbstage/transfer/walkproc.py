@@ -2,7 +2,7 @@
 
 Walked by a thread, every ``lstat``, ``mkdir`` and read-ahead hint of the walk hands the GIL
 to and from the copying thread; in a process of its own the walk runs while the copy copies,
-on both CPUs. The process is a fresh interpreter (``python -m bbstage.walkproc``, started
+on both CPUs. The process is a fresh interpreter (``python -m bbstage.transfer.walkproc``, started
 by the worker, so with the user's identity), not a fork of the worker, whose pages its RSS
 would count a second time. Over its stdin and stdout, in frames (length, kind, body):
 
@@ -25,13 +25,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from bbstage import movers, planning, retrying
+from bbstage import movers
 from bbstage.identity import user_env
 from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
-from bbstage.transfer import FileRange, Planned, TransferSpec
+from bbstage.transfer import FileRange, Planned, TransferSpec, planning, retrying
 
-COMMAND = [sys.executable, "-s", "-m", "bbstage.walkproc"]  # the walk's process
-_HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where bbstage is
+COMMAND = [sys.executable, "-s", "-m", "bbstage.transfer.walkproc"]  # the walk's process
+_HOME = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # where bbstage is
 MANY = 2_000  # entries: a smaller tree is walked by a thread (a process takes ~0.1 s to start)
 _OWED = planning.WINDOWS - 2  # chunks the walk may hand on that the copy has not taken
 

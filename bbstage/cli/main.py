@@ -22,19 +22,19 @@ def _config(args: argparse.Namespace) -> config.Config:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
-    from bbstage import daemon
+    from bbstage.daemon import service as daemon
 
     return daemon.run(_config(args))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from bbstage import validate
+    from bbstage.cli import validate
 
     return validate.run(args.script, args.json)
 
 
 def cmd_install_lua(args: argparse.Namespace) -> int:
-    from bbstage import luainstall
+    from bbstage.cli import luainstall
 
     try:
         target = luainstall.target(args.lua, args.slurm_plugin and Path(args.slurm_plugin))
@@ -52,7 +52,7 @@ def cmd_install_lua(args: argparse.Namespace) -> int:
 
 def _ask(args: argparse.Namespace, op: str, **fields: Any) -> Any:
     """One request, to the user socket where this host has it, else the network API."""
-    from bbstage.client import DaemonError, Unreachable, call, target
+    from bbstage.cli.client import DaemonError, Unreachable, call, target
 
     try:
         conf = config.load_client(args.config)
@@ -78,7 +78,7 @@ def _job_client(args: argparse.Namespace) -> Any:
 
 def cmd_copy(args: argparse.Namespace) -> int:
     from bbstage import api
-    from bbstage.client import DaemonError, Unreachable
+    from bbstage.cli.client import DaemonError, Unreachable
 
     client = _job_client(args)
     try:
@@ -101,7 +101,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     from bbstage import api
-    from bbstage.client import DaemonError, Unreachable
+    from bbstage.cli.client import DaemonError, Unreachable
 
     client = _job_client(args)
     try:
@@ -122,7 +122,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from bbstage.client import DaemonError
+    from bbstage.cli.client import DaemonError
 
     if ":" in args.id:
         args.job = args.id.partition(":")[0]
@@ -137,7 +137,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from bbstage import render
+    from bbstage.cli import render
 
     if not args.job_id.isdigit():
         print(f"bbstage: job id must be a number, got {args.job_id!r}", file=sys.stderr)
@@ -153,7 +153,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from bbstage import render
+    from bbstage.cli import render
 
     jobs = _ask(args, "jobs")
     print(json.dumps(jobs, indent=2)) if args.json else render.jobs(jobs)
@@ -161,7 +161,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_pools(args: argparse.Namespace) -> int:
-    from bbstage import render
+    from bbstage.cli import render
 
     pools = _ask(args, "pools")
     print(json.dumps(pools, indent=2)) if args.json else render.pools(pools)
@@ -169,7 +169,7 @@ def cmd_pools(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    from bbstage import checks
+    from bbstage.cli import checks
 
     return checks.run(_config(args), args.slurm_conf_dir)
 

@@ -16,7 +16,7 @@ root. The other boundaries between processes, and what crosses them:
 * a Dask task (root on its node) to the daemon: its events through this codec on the
   attempt's topic; its result (the outcome this codec decoded from the child) through
   ``distributed``, root to root over mutual TLS;
-* the walk process to its worker (``bbstage.walkproc``): ``marshal`` frames, the user to
+* the walk process to its worker (``bbstage.transfer.walkproc``): ``marshal`` frames, the user to
   the same user's process, never to root;
 * ``bbstage bench --as-user``'s child (the user) to root: JSON arrays, checked
   (``bbstage.bench.run``); root to the user's unlinker: NUL-separated paths
@@ -114,7 +114,7 @@ def frames(event: Event) -> Iterator[bytes]:
 
 def decode(frame: bytes) -> Event:
     """The event one frame holds, or CodecError (its length is bounded where it is read:
-    ``receive``, and the Dask child's lines in ``bbstage.dask_task``)."""
+    ``receive``, and the Dask child's lines in ``bbstage.transfer.dask_task``)."""
     try:
         data = json.loads(frame)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError

@@ -12,15 +12,15 @@ from pathlib import Path
 import structlog
 
 from bbstage import log as logsetup
-from bbstage import metrics, reconcile
 from bbstage.config import Config
-from bbstage.contracts import Executor
-from bbstage.engine import Engine
-from bbstage.executor import TransferExecutor
-from bbstage.server import Server
-from bbstage.state import Store
+from bbstage.daemon import metrics, reconcile
+from bbstage.daemon.contracts import Executor
+from bbstage.daemon.engine import Engine
+from bbstage.daemon.executor import TransferExecutor
+from bbstage.daemon.server import Server
+from bbstage.daemon.state import Store
 
-log = structlog.get_logger("bbstage.daemon")
+log = structlog.get_logger("bbstage.daemon.service")
 
 
 def run(config: Config) -> int:
@@ -69,7 +69,7 @@ async def _main(config: Config) -> int:
             log.error("not started", reason=message)
             print(f"bbstage daemon: {message}", file=sys.stderr)
             return 1
-        from bbstage.dask_executor import DaskExecutor
+        from bbstage.daemon.dask_executor import DaskExecutor
 
         executor = DaskExecutor(
             config.movers,

@@ -1,10 +1,10 @@
 """One transfer on a data-transfer node: the Dask task, and the child process it runs.
 
 ``run_attempt`` runs in a thread of a Dask worker, which is root on the node. It never
-changes its own identity: it starts ``python -m bbstage.dask_task`` as a child process that
+changes its own identity: it starts ``python -m bbstage.transfer.dask_task`` as a child process that
 the kernel starts as the job's user (``Popen(user=, group=, extra_groups=)``, in a new
 session), hands it the ``TransferSpec`` on stdin and reads its events back as JSON lines
-on stdout (``bbstage.codec``, strict: a line that is not exactly one known event fails the
+on stdout (``bbstage.transfer.codec``, strict: a line that is not exactly one known event fails the
 attempt). JSON, not pickle: the child runs as the user, who can ptrace it and write
 anything to that pipe, and unpickling that in root would give them the node.
 
@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from bbstage import codec, movers, transfer_env, walkproc
+from bbstage import movers
 from bbstage.identity import Identity, IdentityError, unlink_as, user_env
 from bbstage.transfer import (
     Done,
@@ -37,7 +37,10 @@ from bbstage.transfer import (
     Moved,
     Planned,
     TransferSpec,
+    codec,
     track_temps,
+    transfer_env,
+    walkproc,
 )
 
 FORWARD_EVERY = 0.5  # seconds between Moved events sent to the daemon
@@ -124,7 +127,7 @@ def run_child(
     env = user_env(identity.uid, PYTHONPATH=walkproc.own_pythonpath())
     env |= {k: v for k, v in os.environ.items() if k in passed}
     child = subprocess.Popen(
-        [sys.executable, "-m", "bbstage.dask_task", str(os.getpid())],
+        [sys.executable, "-m", "bbstage.transfer.dask_task", str(os.getpid())],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         user=identity.uid,
@@ -149,7 +152,10 @@ def run_child(
             try:
                 stop = cancelled()
             except Exception as exc:  # the scheduler is unreachable: keep copying, ask again
-                print(f"bbstage.dask_task: cannot check for a cancel: {exc!r}", file=sys.stderr)
+                print(
+                    f"bbstage.transfer.dask_task: cannot check for a cancel: {exc!r}",
+                    file=sys.stderr,
+                )
                 stop = False
             if stop:
                 stopped.set()
@@ -209,7 +215,7 @@ def _unlink_temps(paths: list[str], identity: Identity) -> None:
     try:
         unlink_as(identity, paths, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
-        print(f"bbstage.dask_task: temporary files kept: {exc!r}", file=sys.stderr)
+        print(f"bbstage.transfer.dask_task: temporary files kept: {exc!r}", file=sys.stderr)
 
 
 class _Progress:
@@ -274,10 +280,10 @@ class _Lines:
 
 
 def _child(parent: int) -> int:
-    from bbstage import worker
+    from bbstage.transfer import worker
 
     if os.getuid() == 0 or os.geteuid() == 0:
-        print("bbstage.dask_task: refusing to copy as root", file=sys.stderr)
+        print("bbstage.transfer.dask_task: refusing to copy as root", file=sys.stderr)
         return 2
     spec = pickle.loads(sys.stdin.buffer.read())  # from root, our parent
     cancel = threading.Event()

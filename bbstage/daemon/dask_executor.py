@@ -1,9 +1,9 @@
 """Runs transfers as tasks on a Dask distributed cluster of data-transfer nodes.
 
-A ``bbstage.executor.Executor``, as the local ``TransferExecutor`` is: the daemon stays the
+A ``bbstage.daemon.executor.Executor``, as the local ``TransferExecutor`` is: the daemon stays the
 source of truth, Dask is a disposable executor. Each submitted transfer is one attempt (an
-id in the log and in the task's key) that runs ``bbstage.dask_task.run_attempt`` on a worker
-with one unit of the configured resource; there the copy runs in a child process as the
+id in the log and in the task's key) that runs ``bbstage.transfer.dask_task.run_attempt`` on a
+worker with one unit of the configured resource; there the copy runs in a child process as the
 job's user. Progress comes back on the attempt's ``log_event`` topic; the outcome is the
 task's result, and its ``Planned`` is handed to ``on_event`` before the future resolves, so
 the engine's check "the manifest covers the plan" always has this attempt's plan, and
@@ -14,8 +14,8 @@ Dask does not stop a running task, so ``cancel`` sets the attempt's ``distribute
 A tree is split into shards (``TreeShard``: the files whose destination hashes to it), one
 attempt each, as many as there are workers with the resource (or ``[movers] shards``), so
 its files move through every node at once; the attempts' events are summed into the
-transfer's (``bbstage.split.Split``), and the transfer is done when every shard is. A failed shard
-stops its siblings; the transfer fails with its error (the engine tries again, resumed).
+transfer's (``bbstage.daemon.split.Split``), and the transfer is done when every shard is. A failed
+shard stops its siblings; the transfer fails with its error (the engine tries again, resumed).
 
 Each attempt is told to ``on_event`` as an ``AttemptUpdate``: ``running`` before it is
 submitted (the engine records it then: a failure to record it fails the attempt unsubmitted),
@@ -23,14 +23,14 @@ with its node and progress as its events come, and once with its end. Once an at
 outcome is final here its two ``distributed.Event`` (cancel, started) are deleted on the
 scheduler, not before: a rerun of its task (a worker died) must still find ``started`` set.
 Nothing is sent through a client that is not connected; one that stays disconnected is given
-up and its attempts fail transiently (``bbstage.dask_client``).
+up and its attempts fail transiently (``bbstage.daemon.dask_client``).
 
-Transfers wait in per-user queues (``bbstage.fairshare``, the local executor's policy):
+Transfers wait in per-user queues (``bbstage.daemon.fairshare``, the local executor's policy):
 at most ``max_workers`` transfers (a user with none running: up to twice that) are handed
 to Dask at once, picked fairly; the rest wait here, not in Dask's queue.
 
 An attempt that sends no event for ``stall_timeout`` s once its task has started on a node
-(``bbstage.stall.Watchdog``) is stopped as a cancel stops it and fails transiently, naming
+(``bbstage.daemon.stall.Watchdog``) is stopped as a cancel stops it and fails transiently, naming
 the path it was stuck on.
 
 ``distributed`` is imported only here, only when ``[movers] executor = "dask"``.
@@ -48,15 +48,15 @@ from typing import Any
 
 import structlog
 
-from bbstage import codec, dask_client, dask_task, fairshare, planning, stall
 from bbstage import movers as backends
 from bbstage.config import Movers
-from bbstage.contracts import Sink
-from bbstage.dask_client import Connection, connected
+from bbstage.daemon import dask_client, fairshare, stall
+from bbstage.daemon.contracts import Sink
+from bbstage.daemon.dask_client import Connection, connected
+from bbstage.daemon.split import Split
+from bbstage.daemon.state import AttemptState
 from bbstage.identity import Identity
 from bbstage.movers import Cancelled, TransferError
-from bbstage.split import Split
-from bbstage.state import AttemptState
 from bbstage.transfer import (
     AttemptUpdate,
     Done,
@@ -66,6 +66,9 @@ from bbstage.transfer import (
     Planned,
     TransferSpec,
     TreeShard,
+    codec,
+    dask_task,
+    planning,
 )
 
 log = structlog.get_logger("bbstage.dask")

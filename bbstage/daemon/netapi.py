@@ -29,7 +29,7 @@ import structlog
 from bbstage import munge, protocol
 from bbstage.protocol import ERROR, MAX_USER_REQUEST, ProtocolError
 
-log = structlog.get_logger("bbstage.netapi")
+log = structlog.get_logger("bbstage.daemon.netapi")
 
 API_CONNECTIONS = 256
 API_CONNECTIONS_PER_HOST = 32
@@ -40,7 +40,7 @@ REPLAY_ENTRIES = 1 << 16  # credentials remembered at most (each until it expire
 
 
 class Server(Protocol):
-    """What the API needs of ``bbstage.server.Server``: its users' allowance and handler."""
+    """What the API needs of ``bbstage.daemon.server.Server``: its users' allowance and handler."""
 
     def admit(self, uid: int) -> bool: ...
     def busy(self, uid: int) -> str: ...

@@ -12,9 +12,9 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 
-from bbstage import counts, retrying
+from bbstage import counts
 from bbstage.movers import FileTask, Mover, TransferError, localfs
-from bbstage.transfer import FileRange, Planned, ScratchLimit, TransferSpec, TreeShard
+from bbstage.transfer import FileRange, Planned, ScratchLimit, TransferSpec, TreeShard, retrying
 
 
 def plan(mover: Mover, spec: TransferSpec, cancel: threading.Event) -> Iterable[FileTask]:

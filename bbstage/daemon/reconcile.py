@@ -51,10 +51,10 @@ from typing import NamedTuple
 
 import structlog
 
-from bbstage.engine import Engine
-from bbstage.state import DirectiveState, JobRow, JobState
+from bbstage.daemon.engine import Engine
+from bbstage.daemon.state import DirectiveState, JobRow, JobState
 
-log = structlog.get_logger("bbstage.reconcile")
+log = structlog.get_logger("bbstage.daemon.reconcile")
 
 BEFORE_RUN = (JobState.SETUP, JobState.STAGING_IN, JobState.STAGED_IN)
 AFTER_RUN = (JobState.RUNNING, JobState.STAGING_OUT, JobState.STAGED_OUT)

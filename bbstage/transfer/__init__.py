@@ -8,7 +8,7 @@ a tree is never held whole — and once ``final`` when the walk has ended), ``Mo
 then, ``TempFile`` for each named temporary file before it is created and ``TempsSettled``
 in batches once they were renamed or removed, and one outcome, ``Done`` (the manifest of
 what it put in place, always after the final ``Planned``) or ``Failed``. All are frozen
-dataclasses of plain values; the events come back to root through ``bbstage.codec`` (typed
+dataclasses of plain values; the events come back to root through ``bbstage.transfer.codec`` (typed
 JSON, never a pickle: a worker runs as the user). An executor that runs attempts on
 transfer nodes (Dask) also tells the engine about each
 with ``AttemptUpdate``, which no worker sends.
@@ -37,7 +37,7 @@ class ScratchLimit:
 @dataclass(frozen=True)
 class TreeShard:
     """Shard ``index`` of ``count`` of a tree, run on one node while the others run theirs:
-    the files whose destination path hashes to ``index`` (``bbstage.planning.in_shard``);
+    the files whose destination path hashes to ``index`` (``bbstage.transfer.planning.in_shard``);
     every shard walks the whole tree and makes its directories."""
 
     index: int
@@ -47,7 +47,7 @@ class TreeShard:
 @dataclass(frozen=True)
 class FileRange:
     """Byte range ``index`` of ``count`` of one file, run on one node while the others run
-    theirs (``bbstage.ranges``; to a store that assembles pieces: ``Mover.copy_share``),
+    theirs (``bbstage.transfer.ranges``; to a store that assembles pieces: ``Mover.copy_share``),
     written into one temporary file that the submission's ranges share (``group``: its id,
     8 hex digits); a file under ``min_size`` bytes is copied whole by range 0 alone."""
 

@@ -1,0 +1,1 @@
+"""The `bbstage` command and its talk to the daemon."""
