@@ -153,9 +153,9 @@ def test_a_big_download_in_ranges_lands_whole_and_a_cancel_leaves_nothing(
 ) -> None:
     """Ranged reads written in place (1 MiB ranges here: 12 of them, 4 at once): the bytes
     are the object's; cancelled after the first range, no temporary file is left."""
-    from bbstage.movers.implementations.generic import mover
+    from bbstage import movers
 
-    monkeypatch.setattr(mover, "RANGE", 1 << 20)
+    monkeypatch.setattr(movers.backend(kind), "ranges", (1 << 20, 4))
     user_home(tmp_path, monkeypatch)
     options = {
         "gs": StoreOptions(

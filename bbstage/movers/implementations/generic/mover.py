@@ -27,7 +27,6 @@ from bbstage.movers.base import (
 from bbstage.movers.implementations.generic.errors import translate
 
 FILE_MODE, DIR_MODE = 0o644, 0o755  # of what a store's files become on a local disk
-RANGE, RANGES = 16 << 20, 4  # a big download: ranged reads of this size, this many at once
 WHOLE = 4 << 20  # a file up to this size is read whole and written whole (one GET, one PUT)
 
 
@@ -214,8 +213,9 @@ class GenericMover(Mover):
         if task.kind != "file":
             raise TransferError(f"{task.src}: a {task.kind} cannot be copied to {task.dst}")
         digest = checksum.new(self.options.checksum) if self.options.checksum != "none" else None
-        if self.dst.local and not self.src.local and digest is None and task.size > 2 * RANGE:
-            return self._get_ranges(task, progress, cancel)
+        ranges = None if self.src.local else self.src.backend.ranges
+        if self.dst.local and ranges is not None and digest is None and task.size > 2 * ranges[0]:
+            return self._get_ranges(task, progress, cancel, *ranges)
         if task.size <= WHOLE:
             return self._copy_whole(task, progress, cancel, digest)
         with self._reader(task) as source:
@@ -293,12 +293,15 @@ class GenericMover(Mover):
             raise
         progress.add(len(data))
 
-    def _get_ranges(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
-        """A big file from a store into a local file: ``RANGES`` ranged reads of ``RANGE``
-        bytes at once, each written where it belongs (``pwrite``) in the temporary file; one
+    def _get_ranges(
+        self, task: FileTask, progress: Progress, cancel: threading.Event, size: int, streams: int
+    ) -> None:
+        """A big file from a store into a local file: ``streams`` ranged reads of ``size``
+        bytes at once (the source backend's ``ranges``), each written where it belongs
+        (``pwrite``) in the temporary file, given its whole size first (``preallocate``); one
         stream per file is what the stores' clients do badly (a third of rclone's rate)."""
         fs, path = self.src.fs(task.src), self.src.path(task.src)
-        starts = list(range(0, task.size, RANGE))
+        starts = list(range(0, task.size, size))
 
         def read(start: int, end: int) -> bytes:
             if getattr(self.src.backend, "cat_ranges", True):
@@ -308,11 +311,12 @@ class GenericMover(Mover):
                 return bytes(f.read(end - start))
 
         with localfs.atomic_file(task, self.options.job_id, progress) as fd:
+            localfs.preallocate(fd, task.size)
 
             def fetch(start: int) -> int:
                 if cancel.is_set():
                     raise Cancelled()
-                end = min(start + RANGE, task.size)
+                end = min(start + size, task.size)
                 block = self._call(lambda: read(start, end), task.src)
                 if len(block) != end - start:
                     raise TransferError(
@@ -328,7 +332,7 @@ class GenericMover(Mover):
                 return end - start
 
             done = 0
-            with ThreadPoolExecutor(RANGES, thread_name_prefix="range") as pool:
+            with ThreadPoolExecutor(streams, thread_name_prefix="range") as pool:
                 try:
                     for n in pool.map(fetch, starts):
                         done += n
