@@ -26,6 +26,9 @@ from typing import Any
 from bbstage import client, config
 
 DONE_STATES = ("done", "failed", "cancelled")
+# How long ``wait`` without a timeout rides out an unreachable daemon (a restart: its copies
+# resume from its state database) before it gives up.
+UNREACHABLE_GRACE = 300.0
 
 
 class CopyFailed(RuntimeError):
@@ -86,11 +89,24 @@ class Client:
     ) -> list[dict[str, Any]]:
         """Block until the given copies (all the job's copies started now, if None) have
         ended; their rows. CopyFailed names each one that failed or was cancelled;
-        TimeoutError after ``timeout`` seconds."""
+        TimeoutError after ``timeout`` seconds. A daemon that cannot be reached (restarting)
+        is asked again until the timeout, or for UNREACHABLE_GRACE seconds without one."""
         wanted = None if ids is None else {_index(i, self.job_id) for i in ids}
         deadline = None if timeout is None else time.monotonic() + timeout
+        unreachable_since: float | None = None
         while True:
-            rows = self.copies()
+            try:
+                rows = self.copies()
+            except client.Unreachable:
+                # The daemon is away (restarting): ask again until the timeout (without one,
+                # for UNREACHABLE_GRACE seconds); its copies are in its state, not lost.
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now > (deadline or unreachable_since + UNREACHABLE_GRACE):
+                    raise
+                time.sleep(interval)
+                continue
+            unreachable_since = None
             mine = [r for r in rows if (r["index"] in wanted if wanted is not None
                                         else r["kind"] == "copy")]  # fmt: skip
             if wanted is not None:

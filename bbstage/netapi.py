@@ -45,7 +45,7 @@ class Server(Protocol):
     def admit(self, uid: int) -> bool: ...
     def busy(self, uid: int) -> str: ...
     def release(self, uid: int) -> None: ...
-    async def respond(self, line: bytes, uid: int) -> bytes: ...
+    async def respond(self, line: bytes, uid: int, origin: str | None = None) -> bytes: ...
 
 
 class Replays:
@@ -109,7 +109,7 @@ class Api:
                 counted = True
                 try:
                     line = await asyncio.wait_for(reader.readline(), API_READ_TIMEOUT)
-                    uid, body = await self._answer(line.strip())
+                    uid, body = await self._answer(line.strip(), peer)
                 except (ValueError, asyncio.LimitOverrunError, TimeoutError):
                     body = _error(_BAD_LINE)
             writer.write(body)
@@ -123,8 +123,8 @@ class Api:
                     del self._open[peer]
             writer.close()
 
-    async def _answer(self, credential: bytes) -> tuple[int | None, bytes]:
-        """(the caller's uid if authenticated, the reply)."""
+    async def _answer(self, credential: bytes, peer: str) -> tuple[int | None, bytes]:
+        """(the caller's uid if authenticated, the reply); ``peer``: the client's address."""
         if not credential:
             return None, _error("not authenticated: send a munge credential (see docs/protocol.md)")
         loop = asyncio.get_running_loop()
@@ -145,7 +145,7 @@ class Api:
         if not self.server.admit(cred.uid):
             return None, _error(self.server.busy(cred.uid))
         try:
-            return cred.uid, await self.server.respond(line, cred.uid)
+            return cred.uid, await self.server.respond(line, cred.uid, origin=peer)
         finally:
             self.server.release(cred.uid)
 

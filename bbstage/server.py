@@ -119,13 +119,14 @@ class Server:
                 self.release(uid)
             writer.close()
 
-    async def respond(self, line: bytes, uid: int) -> bytes:
+    async def respond(self, line: bytes, uid: int, origin: str | None = None) -> bytes:
         """The one handler of users' requests, whichever transport brought them: ``line``
         (a JSON request) from ``uid`` (the kernel's word on the Unix socket, munge's on the
-        API; never the request's), answered with what ``uid`` may see or do."""
+        API; never the request's), answered with what ``uid`` may see or do. ``origin``: the
+        network API's peer address (an in-job copy must come from one of the job's nodes)."""
         try:
             request = protocol.decode_request(line, protocol.USER_OPS)
-            return await self._answer_user(request, uid)
+            return await self._answer_user(request, uid, origin)
         except ProtocolError as exc:
             return protocol.encode_user_reply(ERROR, message=f"bad request: {exc}")
 
@@ -150,7 +151,9 @@ class Server:
             why = f"{self._open.total()} connections are open"
         return f"staging daemon busy: {why}; try again in a moment"
 
-    async def _answer_user(self, request: protocol.Request, uid: int) -> bytes:
+    async def _answer_user(
+        self, request: protocol.Request, uid: int, origin: str | None = None
+    ) -> bytes:
         engine, admin = self.engine, self.config.admin_group
         if request.op == "ping":
             return protocol.encode_user_reply(OK, result={"uid": uid})
@@ -163,16 +166,17 @@ class Server:
             status = report.job_status(job, engine.store.attempts(job.job_id), self._why)
             return protocol.encode_user_reply(OK, result=status)
         if request.op in ("copy", "cancel"):
-            return await self._copy(request, uid)
+            return await self._copy(request, uid, origin)
         if request.op == "jobs":
             # Every job kept for retention_days: read in a thread, not on the hooks' loop.
             return await asyncio.to_thread(self._jobs, uid)
         return protocol.encode_user_reply(OK, result=report.pools(self.config, engine.store))
 
-    async def _copy(self, request: protocol.Request, uid: int) -> bytes:
+    async def _copy(self, request: protocol.Request, uid: int, origin: str | None) -> bytes:
         """``copy`` (start an in-job copy, or add one --at-end) and ``cancel``: only for the
         caller's own job, which must be running (the record; and Slurm's word with
-        ``job_check = "slurm"``)."""
+        ``job_check = "slurm"``, which also checks that a request over the network API came
+        from one of the job's nodes)."""
         engine, job_id = self.engine, request.job_id
         job = engine.store.job(job_id)
         if job is None or job.uid != uid:
@@ -194,7 +198,7 @@ class Server:
                 raise ProtocolError("copy: source and destination must be strings")
             if self.config.job_check == "slurm":
                 conf = str(self.config.slurm_conf) if self.config.slurm_conf else None
-                why = await jobcheck.running_as(job_id, uid, conf)
+                why = await jobcheck.running_as(job_id, uid, conf, origin)
                 if why is not None:
                     raise ValueError(why)
                 job = engine.store.job(job_id) or job

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +22,8 @@ import pytest
 
 from bbstage import client, munge, protocol
 
-from .helpers import file_digest, free_port
+from .campaign import worker_pids
+from .helpers import file_digest, free_port, wait_until
 from .hookharness import REPO, Daemon, area, script, start_daemon, user_ids, user_tree
 from .mungeharness import Munged, remove, start_munged
 
@@ -251,7 +254,8 @@ def test_a_copy_running_at_the_jobs_end_is_waited_for_and_survives_a_daemon_kill
     api: tuple[Daemon, int], area: Path, munged: Munged
 ) -> None:
     """SIGKILL of the daemon while an in-job copy runs: after the restart the copy is run
-    again and ends done with every byte; the job's stage-out waits for it."""
+    again and ends done with every byte; the job's stage-out waits for it. A ``bbstage wait``
+    started before the kill rides out the daemon's absence and sees the copy done."""
     d, port = api
     uid, gid = user_ids()
     (area / "out3").mkdir()
@@ -265,12 +269,20 @@ def test_a_copy_running_at_the_jobs_end_is_waited_for_and_survives_a_daemon_kill
     env = {"BBSTAGE_API": f"127.0.0.1:{port}", "SLURM_JOB_ID": "407"}
     copied = cli(d, "copy", "$BB_SCRATCH/big/", f"{out}/big/", **env)
     assert copied.returncode == 0, copied.stderr
+    waiting = subprocess.Popen(
+        ["runuser", "-u", "bbuser1", "--", sys.executable, "-m", "bbstage.cli",
+         "--config", str(d.config), "wait", "--timeout", "90"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    )  # fmt: skip
     d.kill()  # at once: the copy of 160 MiB is under way
     d2 = start_daemon(d.root, extra=(f'metrics_address = ""\napi_address = "127.0.0.1:{port}"\n'
                       f'munge_socket = "{munged.socket}"\njob_check = "state"'))  # fmt: skip
     try:
         waited = cli(d2, "wait", "--timeout", "60", **env)  # resumed with no hook's help
         assert waited.returncode == 0, waited.stderr
+        _, stderr = waiting.communicate(timeout=120)
+        assert waiting.returncode == 0, f"the wait started before the kill: {stderr}"
         assert d2.hook("slurm_bb_data_out", "407", str(area / "job407.sh")) == (0, "")
         status = json.loads(cli(d2, "status", "--json", "407", **env).stdout)
         assert [(r["kind"], r["state"]) for r in status["directives"]] == [("copy", "done")]
@@ -308,3 +320,94 @@ def test_a_cancelled_copy_fails_nothing(api: tuple[Daemon, int], area: Path) -> 
     status = json.loads(cli(d, "status", "--json", "408").stdout)
     assert status["state"] == "staged_out"
     assert not (out / "late").exists()
+
+
+def test_the_jobs_stage_out_waits_for_its_running_in_job_copies(
+    api: tuple[Daemon, int], area: Path
+) -> None:
+    """The job ends while its in-job copy runs (its worker stopped by SIGSTOP midway):
+    data_out does not answer until the copy has ended, then the job is staged out with every
+    byte of the copy at its destination."""
+    d, port = api
+    uid, gid = user_ids()
+    (area / "out5").mkdir()
+    out = user_tree(area / "out5", uid, gid)
+    scratch = running_job(d, area, "409")
+    (scratch / "t").mkdir()
+    for i in range(40):
+        (scratch / "t" / f"f{i:02d}").write_bytes(os.urandom(4 << 20))
+    user_tree(scratch, uid, gid)
+    env = {"BBSTAGE_API": f"127.0.0.1:{port}", "SLURM_JOB_ID": "409"}
+    assert cli(d, "copy", "$BB_SCRATCH/t/", f"{out}/t/", **env).stdout.strip() == "409:0"
+
+    def copying() -> list[int]:
+        parts = list(out.rglob(".*.part"))
+        return worker_pids(d.proc.pid) if parts else []
+
+    for _ in range(20):  # stopped while a file is still being written (it may just land)
+        stopped = wait_until(copying, 60, "the copy under way")
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        if list(out.rglob(".*.part")):
+            break
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    answer: list[tuple[int, str]] = []
+    hook = threading.Thread(
+        target=lambda: answer.append(d.hook("slurm_bb_data_out", "409", str(area / "job409.sh")))
+    )
+    try:
+        hook.start()
+        time.sleep(2)
+        assert not answer, f"data_out answered {answer} while the in-job copy was stopped"
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    hook.join(120)
+    assert answer == [(0, "")]
+    for f in (scratch / "t").iterdir():
+        assert file_digest(out / "t" / f.name) == file_digest(f), f.name
+    status = json.loads(cli(d, "status", "--json", "409").stdout)
+    assert status["state"] == "staged_out"
+    assert [(r["kind"], r["state"]) for r in status["directives"]] == [("copy", "done")]
+
+
+def test_an_in_job_copy_over_the_api_must_come_from_one_of_the_jobs_nodes(
+    area: Path, munged: Munged, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``job_check = "slurm"`` with a stand-in ``squeue``/``scontrol`` (no Slurm here; the
+    cluster test asks a real one): job 410 runs on node ``n1``. While ``n1``'s NodeAddr is
+    another host's, a copy request over the API from 127.0.0.1 is refused naming the origin;
+    once it is 127.0.0.1 the same request is accepted. The Unix socket (on the daemon's own
+    host, the kernel's word on the uid) is not asked for an origin."""
+    uid, _ = user_ids()
+    fake = area / "slurm-bin"
+    fake.mkdir()
+    addr = area / "n1.addr"
+    addr.write_text("10.255.0.1\n")
+    (fake / "squeue").write_text(f"#!/bin/sh\necho '410 RUNNING {uid} n1'\n")
+    (fake / "scontrol").write_text(f'#!/bin/sh\necho "NodeName=n1 NodeAddr=$(cat {addr})"\n')
+    for tool in ("squeue", "scontrol"):
+        (fake / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    port = free_port()
+    extra = (f'metrics_address = ""\napi_address = "127.0.0.1:{port}"\n'
+             f'munge_socket = "{munged.socket}"\njob_check = "slurm"')  # fmt: skip
+    d = start_daemon(area / "d", extra=extra)
+    try:
+        running_job(d, area, "410")
+        env = {"BBSTAGE_API": f"127.0.0.1:{port}", "SLURM_JOB_ID": "410"}
+        far = cli(d, "copy", "--at-end", "$BB_SCRATCH/x", "/tmp/x", **env)
+        assert far.returncode != 0, far.stdout
+        assert "came from 127.0.0.1, which is not one of job 410's nodes (n1)" in far.stderr
+        local = cli(d, "copy", "--at-end", "$BB_SCRATCH/y", "/tmp/y", SLURM_JOB_ID="410")
+        assert local.returncode == 0, local.stderr
+        addr.write_text("127.0.0.1\n")
+        near = cli(d, "copy", "--at-end", "$BB_SCRATCH/x", "/tmp/x", **env)
+        assert near.returncode == 0, near.stderr
+        status = json.loads(cli(d, "status", "--json", "410").stdout)
+        assert sorted(x["source"] for x in status["directives"]) == [
+            "$BB_SCRATCH/x", "$BB_SCRATCH/y"
+        ]  # fmt: skip
+    finally:
+        d.stop()

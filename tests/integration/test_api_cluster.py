@@ -1,21 +1,36 @@
-"""[R] #37 on the real cluster: in-job copies from a running job, `--at-end`, and `bbstage
-status` over the network API (TCP on 127.0.0.1). Needs the cluster daemon's config to set
-`api_address` and `munge_socket` (the cluster's munged); skipped otherwise.
+# ruff: noqa: F811 - the `s3` fixture is imported from tests.s3env and used as an argument
+"""[R] #37 on the real cluster: in-job copies from a running job (to POSIX and to S3),
+`--at-end`, a daemon restart (SIGTERM) under an in-job copy, and `bbstage status` over the
+network API: TCP on 127.0.0.1, and from a network namespace standing in for a login node.
+Needs the cluster daemon's config to set `api_address` and `munge_socket` (the cluster's
+munged; scripts/local-cluster writes both).
 
 Run on the real clusters since 2026-11-28."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import pwd
+import signal
 import subprocess
+import sys
 import tomllib
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import file_digest, wait_until
+from tests.campaign import worker_pids
+from tests.helpers import file_digest, process_gone, wait_until
+from tests.s3env import S3Env, s3  # noqa: F401
 
-from .conftest import USER, Cluster, as_user
+from .conftest import REPO, USER, Cluster, as_user
+
+pytestmark = pytest.mark.cluster
 
 
 def _api(cluster: Cluster) -> str:
@@ -25,15 +40,26 @@ def _api(cluster: Cluster) -> str:
     return address
 
 
-def test_a_job_drains_a_checkpoint_while_it_computes(cluster: Cluster, workdir: Path) -> None:
+def _object_digest(s3: S3Env, bucket: str, key: str) -> str:
+    """The sha256 of an object's bytes, read as a stream."""
+    body = s3.client(USER).get_object(Bucket=bucket, Key=key)["Body"]
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: body.read(1 << 20), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def test_a_job_drains_a_checkpoint_while_it_computes(
+    cluster: Cluster, workdir: Path, s3: S3Env
+) -> None:
     """The job itself runs ``bbstage copy/wait`` (over the network API, as on a compute node
-    without the daemon's socket). 22.05 only: on 24.11/26.05 the job steps run chrooted in
-    the generation's Debian root, which has neither python3 nor the host's venv, so
-    ``bbstage`` is "command not found" there (seen on 26.05). The in-job client does not
-    depend on the Slurm version (it needs ``$SLURM_JOB_ID``, the config and munge)."""
-    if cluster.slurm != "22.05":
-        pytest.skip(f"{cluster.slurm}: job steps run in a Debian root without bbstage")
+    without the daemon's socket): its 200 MB checkpoint to POSIX and to S3 (RGW, with the
+    user's own ~/.aws keys) while it keeps computing. On 24.11/26.05 the job steps run
+    chrooted in the generation's Debian root: there ``bbstage`` is the root's python3
+    running the repo's code (scripts/local-cluster, ``root_bbstage``), as on a compute node
+    with its own OS."""
     api = _api(cluster)
+    bucket = s3.create_bucket(owner=USER)
     out = workdir / "out"
     out.mkdir()
     as_user(out)
@@ -45,9 +71,10 @@ export BBSTAGE_API={api}
 head -c 200000000 /dev/urandom > "$BB_SCRATCH/ckpt.dat"
 sha256sum "$BB_SCRATCH/ckpt.dat" | cut -d' ' -f1 > {out}/expected
 id=$(bbstage copy '$BB_SCRATCH/ckpt.dat' {out}/ckpt.dat --checksum=xxh3) || exit 3
-echo "$id" > {out}/id
+up=$(bbstage copy '$BB_SCRATCH/ckpt.dat' s3://{bucket}/ckpt/ckpt.dat) || exit 7
+echo "$id $up" > {out}/id
 python3 -c 'sum(i*i for i in range(3_000_000))'   # keeps computing meanwhile
-bbstage wait "$id" || exit 4
+bbstage wait "$id" "$up" || exit 4
 head -c 1000000 /dev/urandom > "$BB_SCRATCH/late.dat"
 sha256sum "$BB_SCRATCH/late.dat" | cut -d' ' -f1 > {out}/late.expected
 bbstage copy --at-end '$BB_SCRATCH/late.dat' {out}/late.dat || exit 5
@@ -58,11 +85,13 @@ test ! -e {out}/late.dat || exit 6
     assert cluster.job(job).get("ExitCode", "0:0") == "0:0", (
         workdir / f"slurm-{job}.out"
     ).read_text()
-    assert file_digest(out / "ckpt.dat") == (out / "expected").read_text().strip()
+    expected = (out / "expected").read_text().strip()
+    assert file_digest(out / "ckpt.dat") == expected
+    assert _object_digest(s3, bucket, "ckpt/ckpt.dat") == expected
     assert file_digest(out / "late.dat") == (out / "late.expected").read_text().strip()
     status = cluster.status(job)
     kinds = sorted((r["kind"], r["state"]) for r in status["directives"])
-    assert kinds == [("at_end", "done"), ("copy", "done")]
+    assert kinds == [("at_end", "done"), ("copy", "done"), ("copy", "done")]
 
 
 def _local_status(cluster: Cluster, job: str) -> dict:
@@ -73,17 +102,143 @@ def _local_status(cluster: Cluster, job: str) -> dict:
     return json.loads(out.stdout) if out.stdout else {}
 
 
-def test_status_over_tcp_shows_the_job(cluster: Cluster, workdir: Path) -> None:
+def test_a_daemon_restart_under_an_in_job_copy_never_loses_it(
+    cluster: Cluster, workdir: Path
+) -> None:
+    """The daemon is stopped with SIGTERM (as an upgrade or ``systemctl restart`` does) while
+    the job's in-job copy is writing, and started again: the copy ends done with every byte
+    (resumed from the state database), or failed with its reason, never lost; the job's
+    ``bbstage wait`` sees the end. Its workers are held (SIGSTOP) while a temporary file
+    exists, so the SIGTERM lands mid-copy whatever the machine's speed, then let go."""
     api = _api(cluster)
-    job = cluster.submit(workdir, "#!/bin/bash\n#BB_LUA pool=scratch capacity=1M\nsleep 5\n")
+    out = workdir / "out"
+    out.mkdir()
+    as_user(out)
+    job = cluster.submit(
+        workdir,
+        f"""#!/bin/bash
+#BB_LUA pool=scratch capacity=1G
+export BBSTAGE_API={api}
+mkdir "$BB_SCRATCH/t"
+for i in $(seq -w 0 47); do head -c 4194304 /dev/urandom > "$BB_SCRATCH/t/f$i"; done
+(cd "$BB_SCRATCH/t" && sha256sum f*) > {out}/expected
+id=$(bbstage copy '$BB_SCRATCH/t/' {out}/t/) || exit 3
+echo "$id" > {out}/id
+bbstage wait --timeout 240 "$id" > {out}/wait.out 2>&1
+echo $? > {out}/wait.rc
+""",
+    )
+    uid = pwd.getpwnam(USER).pw_uid
+    daemon = cluster.daemon_pid()
+
+    def temps() -> list[Path]:
+        return list(out.rglob(".*.part"))
+
+    def copying() -> list[int]:
+        pids = [p for p in worker_pids(daemon) if os.stat(f"/proc/{p}").st_uid == uid]
+        return pids if temps() and pids else []
+
+    frozen: list[int] = []
+    for _ in range(20):  # held while a file is still being written (it may just land)
+        frozen = wait_until(copying, 180, "the in-job copy under way")
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        if temps():
+            break
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    try:
+        os.kill(daemon, signal.SIGTERM)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: process_gone(daemon), 60, f"the daemon (pid {daemon}) to stop")
+    cluster.up()
+    cluster.wait_gone(job, timeout=300)
+    copy = next(r for r in cluster.status(job)["directives"] if r["kind"] == "copy")
+    rc = (out / "wait.rc").read_text().strip()
+    print(f"{cluster.slurm}: the copy under a daemon restart ended {copy['state']}")
+    if copy["state"] == "failed":  # allowed: reported, with a reason, to the job too
+        assert copy["error"] and rc == "1", (copy, (out / "wait.out").read_text())
+        return
+    assert copy["state"] == "done", copy
+    assert rc == "0", (out / "wait.out").read_text()
+    expected = dict(line.split()[::-1] for line in (out / "expected").read_text().splitlines())
+    assert {p.name: file_digest(p) for p in (out / "t").iterdir()} == expected
+    assert not temps()
+
+
+@contextmanager
+def login_node(api: str) -> Iterator[tuple[str, str]]:
+    """A stand-in for a login node: network namespace ``login`` joined by a veth pair to
+    namespace ``relay``, where scripts/netns-forward listens on 10.214.0.1 and forwards to
+    the daemon's API (``api``, on the host's 127.0.0.1). Both namespaces are this test's own;
+    ``login`` reaches nothing else (its loopback is its own, it has no default route). The
+    file system is shared, so munge's socket (a path) works there as on the host, as a
+    login node runs its own munged with the site's key. Yields (login namespace, the API's
+    address as the login node sees it)."""
+    tag = uuid.uuid4().hex[:6]
+    login, relay = f"bbt-login-{tag}", f"bbt-relay-{tag}"
+    port = api.rpartition(":")[2]
+    forward = None
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    try:
+        ip("netns", "add", login)
+        ip("netns", "add", relay)
+        ip("link", "add", f"bbl{tag}", "netns", login, "type", "veth",
+           "peer", "name", f"bbr{tag}", "netns", relay)  # fmt: skip
+        for ns, dev, addr in ((login, f"bbl{tag}", "10.214.0.2/24"),
+                              (relay, f"bbr{tag}", "10.214.0.1/24")):  # fmt: skip
+            ip("-n", ns, "addr", "add", addr, "dev", dev)
+            ip("-n", ns, "link", "set", dev, "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+        forward = subprocess.Popen(
+            [sys.executable, str(REPO / "scripts" / "netns-forward"), "--netns", relay,
+             f"10.214.0.1:{port}", api],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        yield login, f"10.214.0.1:{port}"
+    finally:
+        if forward is not None:
+            forward.kill()
+            forward.wait(10)
+        for ns in (login, relay):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+def test_status_over_tcp_and_from_a_login_node_shows_the_job(
+    cluster: Cluster, workdir: Path
+) -> None:
+    api = _api(cluster)
+    job = cluster.submit(workdir, "#!/bin/bash\n#BB_LUA pool=scratch capacity=1M\nsleep 60\n")
     wait_until(lambda: _local_status(cluster, job).get("state") == "running", 120, "the job to run")
-    env = {**cluster.env, "BBSTAGE_API": api}
-    out = subprocess.run(
-        ["runuser", "-u", USER, "--", "bbstage", "status", "--json", job],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    over_tcp = json.loads(out.stdout)
-    assert over_tcp["job_id"] == job
-    assert over_tcp["scratch"] == _local_status(cluster, job)["scratch"]
+    local = _local_status(cluster, job)
+
+    def status(*netns: str, address: str = api) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*netns, "runuser", "-u", USER, "--", "bbstage", "status", "--json", job],
+            env={**cluster.env, "BBSTAGE_API": address}, capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+
+    over_tcp = status()
+    assert over_tcp.returncode == 0, over_tcp.stderr
+    assert json.loads(over_tcp.stdout)["job_id"] == job
+    assert json.loads(over_tcp.stdout)["scratch"] == local["scratch"]
+    with login_node(api) as (login, address):
+        netns = ("ip", "netns", "exec", login)
+        # The host's 127.0.0.1 is not the login node's: only the relay leads to the daemon.
+        unreachable = status(*netns)
+        assert unreachable.returncode == 4, unreachable
+        remote = wait_until(
+            lambda: (r := status(*netns, address=address)).returncode == 0 and r, 30,
+            "bbstage status from the login namespace",
+        )  # fmt: skip
+        seen = json.loads(remote.stdout)
+        assert seen["job_id"] == job and seen["scratch"] == local["scratch"]
+        assert seen["state"] == "running"
+    cluster.run("scancel", job)  # seen running: no need to sleep on
     cluster.wait_gone(job)
