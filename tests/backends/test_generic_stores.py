@@ -131,7 +131,7 @@ def test_store_to_store_streams_through_the_worker(
             assert stores[b].get(f"from-{a}") == (body[:1000] if a == "https" else body)
         spec = TransferSpec.between(
             stores["gs"].url("t/"), stores["sftp"].url("t/"), job_id="s2s",
-            source_options=gs_options, destination_options=StoreOptions({}),
+            source_options=gs_options, destination_options=stores["sftp"].options,
         )  # fmt: skip
         assert isinstance(_run(spec)[-1], Done)
         assert stores["sftp"].get("t/a/one") == small
