@@ -57,6 +57,7 @@ class StoreBackend(Backend):
     protocol: ClassVar[str]  # fsspec's name for it
     atomic_put: ClassVar[bool] = True  # an object appears whole when its upload completes
     cat_ranges: ClassVar[bool] = True  # its filesystem's cat_file(path, start, end) reads a range
+    put_block: ClassVar[int | None] = None  # a big upload's chunk, if not its filesystem's own
     # 8 MiB x 8: Azurite and the HTTPS server, 256 MiB, against 16 x 4, 32 x 4, 64 x 4: as fast
     # as 16 x 4 (Azure), 1.09x rclone (HTTPS); bigger ranges were slower (0.4-0.7x rclone):
     # a range is written only once whole, so small ones keep the disk and the network busy
@@ -202,6 +203,9 @@ class GCSBackend(StoreBackend):
     # object for each ranged GET, so there a request costs the object's size (8 MiB ranges:
     # 0.3x rclone at 256 MiB; 64 MiB: 1.7x at 256 MiB, 1.4x at 1 GiB); GCS itself does not
     ranges = (64 << 20, 4)
+    # a big upload in 50 MiB chunks, as gcsfs's own put_file (its open() sends 5 MiB ones):
+    # the emulator rewrites the object at each chunk, 1 GiB took 108 s in 5 MiB chunks
+    put_block = 50 << 20
 
     @classmethod
     def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
@@ -260,6 +264,21 @@ class AzureBackend(StoreBackend):
                 f" ({exc.strerror})"
             ) from None
         return {"connection_string": text}
+
+    @classmethod
+    def filesystem(cls, options: BackendOptions | None, url: str) -> Any:
+        """adlfs's filesystem; without a proxy variable in the environment, its client does
+        not look for one (nor for ``~/.netrc``) at each request: two hops to a thread per
+        request, a quarter of a small blob's time (300 x 64 KiB from Azurite, 8 at once:
+        0.72 s with them, 0.53-0.58 s without)."""
+        fs = super().filesystem(options, url)
+        if not any(os.environ.get(name) for name in cls.env):
+            from azure.storage.blob.aio import BlobServiceClient
+
+            fs.service_client = BlobServiceClient.from_connection_string(
+                fs.connection_string, use_env_settings=False
+            )
+        return fs
 
 
 class HTTPSBackend(StoreBackend):
