@@ -246,6 +246,9 @@ class AzureBackend(StoreBackend):
         high=63,
     )
     preload = ("fsspec", "aiohttp", "adlfs")
+    # 1 GiB from Azurite: 16 MiB x 4 0.96x rclone (client CPU 0.78 s), 8 MiB x 8 0.77x (1.10 s),
+    # 64 MiB x 4 0.56x (1.90 s): the Azure client's cost grows with its ranges' count and size
+    ranges = (16 << 20, 4)
 
     @classmethod
     def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
