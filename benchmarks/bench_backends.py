@@ -92,6 +92,7 @@ def main() -> None:
     for i in range(args.files):
         (src / "small" / f"f{i:05d}").write_bytes(os.urandom(small))
     results: dict[str, Any] = {}
+    load_start = os.getloadavg()[0]
     options = {
         "gs": StoreOptions({"endpoint_url": env["BBSTAGE_GS_ENDPOINT"], "anonymous": "true"}),
         "https": StoreOptions({"ca_bundle": env["BBSTAGE_HTTPS_CA"]}),
@@ -160,7 +161,9 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     common.save_result(
         "backends",
-        {"environment": common.environment(big=big, files=args.files, file_size=small),
+        {"environment": common.environment(big=big, files=args.files, file_size=small,
+                                           repeat=args.repeat,
+                                           load=[load_start, os.getloadavg()[0]]),
          "goal": ">= 1.0x rclone", "results": results},
         doc=not args.no_doc,
     )  # fmt: skip

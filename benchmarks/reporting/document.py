@@ -8,6 +8,7 @@ import sys
 
 from common import REPO
 
+from .backends import backends
 from .generic import Render, generic
 from .hooks import hook_roundtrip, job_process
 from .job_array import job_array
@@ -37,6 +38,7 @@ SECTIONS: dict[str, Render] = {
     "memory": memory,
     "hook_roundtrip": hook_roundtrip,
     "job_process": job_process,
+    "backends": backends,
 }
 
 
