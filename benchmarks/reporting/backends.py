@@ -12,15 +12,15 @@ def backends(result: dict[str, Any], plots: bool) -> list[str]:
     env, cells = result["environment"], result["results"]
     small = f"{env['files']:,} × {size(env['file_size'])}"
     lines = [
-        "## Generic backends: gs, az, sftp, https",
+        f"## {result.get('title', 'Generic backends: gs, az, sftp, https')}",
         "",
         "`benchmarks/bench_backends.py`: each store's local server (`scripts/local-stores`:",
         "gcp-storage-emulator, Azurite, OpenSSH, an HTTPS server with a test CA), one big file",
         f"({size(env['big'])}) and {small} files each way (https: down only), through",
         "bbstage's generic mover (`worker.transfer` in the benchmark's process), rclone and",
         "fsspec's own `put`/`get`, in rotating order, same data; MB/s of the fastest of",
-        f"{env.get('repeat', 1)} run(s). Goal (issue [T] #38): {result['goal']}. Servers and",
-        "clients share the machine's CPUs: the figures are indicative.",
+        f"{env.get('repeat', 1)} run(s) (`--repeat`). Goal (issue [T] #38): {result['goal']}.",
+        "Servers and clients share the machine's CPUs: the figures are indicative.",
         "",
         "| store | case | way | bbstage MB/s | rclone MB/s | fsspec MB/s | × rclone | goal |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",

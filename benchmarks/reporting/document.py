@@ -67,7 +67,7 @@ def build(plots: bool = True) -> str:
     order = [s for s in SECTIONS if s in files] + [s for s in files if s not in SECTIONS]
     lines = [HEADER]
     for stem in order:
-        render = SECTIONS.get(stem) or generic(stem)
+        render = SECTIONS.get(stem) or SECTIONS.get(stem.split("-")[0]) or generic(stem)
         result = load(files[stem])
         try:
             lines += render(result, plots)
