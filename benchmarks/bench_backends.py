@@ -68,6 +68,12 @@ def main() -> None:
     ap.add_argument("--file-size", default="64K", help="size of each small file [64K]")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--kinds", default="gs,az,sftp,https")
+    ap.add_argument(
+        "--name",
+        default="backends",
+        help="results file benchmarks/results/NAME.json [backends]; another name (backends-"
+        "repeat) keeps the first run's and gets a section of its own",
+    )
     args = ap.parse_args()
     proc = subprocess.run([str(LOCAL_STORES), "up"], stdout=subprocess.PIPE, text=True, check=True)
     env = parse_exports(proc.stdout)
@@ -92,6 +98,7 @@ def main() -> None:
     for i in range(args.files):
         (src / "small" / f"f{i:05d}").write_bytes(os.urandom(small))
     results: dict[str, Any] = {}
+    load_start = os.getloadavg()[0]
     options = {
         "gs": StoreOptions({"endpoint_url": env["BBSTAGE_GS_ENDPOINT"], "anonymous": "true"}),
         "https": StoreOptions({"ca_bundle": env["BBSTAGE_HTTPS_CA"]}),
@@ -159,9 +166,13 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     common.save_result(
-        "backends",
-        {"environment": common.environment(big=big, files=args.files, file_size=small),
-         "goal": ">= 1.0x rclone", "results": results},
+        args.name,
+        {"environment": common.environment(big=big, files=args.files, file_size=small,
+                                           repeat=args.repeat,
+                                           load=[load_start, os.getloadavg()[0]]),
+         "goal": ">= 1.0x rclone", "results": results,
+         "title": f"Generic backends: {', '.join(args.kinds.split(','))}"
+                  + (f", best of {args.repeat} runs" if args.repeat > 1 else "")},
         doc=not args.no_doc,
     )  # fmt: skip
 

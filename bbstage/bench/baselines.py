@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from bbstage.bench.model import BenchError, Plan, Run
 
@@ -97,18 +98,11 @@ RCLONE_FLAGS = [  # the best of those tried (docs/performance.md)
 ]
 
 
-def s3_peer_env(profile: str | None, endpoint: str | None, region: str) -> dict[str, str]:
-    """The environment both peers read: the user's own credentials as botocore resolves them
-    (``profile`` or the default chain), the endpoint and region; no peer config file."""
-    import botocore.session
-
-    session = botocore.session.Session(profile=profile)
-    creds = session.get_credentials()
-    if creds is None:
+def s3_peer_env(frozen: Any, endpoint: str | None, region: str) -> dict[str, str]:
+    """The environment both peers read: the user's own credentials, endpoint and region as
+    their S3 client resolves them (``s3.user_client``); no peer config file."""
+    if frozen is None:
         raise BenchError("no S3 credentials for the baselines (set up ~/.aws or pass a profile)")
-    frozen = creds.get_frozen_credentials()
-    endpoint = session.get_scoped_config().get("endpoint_url") or endpoint
-    region = session.get_scoped_config().get("region") or region
     env = {
         **os.environ,
         "AWS_ACCESS_KEY_ID": frozen.access_key,

@@ -48,17 +48,21 @@ def bench_s3(opts: Options, src: Location, dst: Location) -> dict[str, Any]:
     tag = new_tag()
     local_root, remote_root = local.join(tag), remote.join(tag)
     plan, upload = opts.plan, src.kind == "posix"
-    opts = _callers_endpoint_allowed(opts)
+    from bbstage.movers.implementations import s3
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")  # the admin's own, for this run
     s3conf = opts.config.backend_settings.get("s3", {})
+    if endpoint:
+        s3conf = s3.allow_endpoint(s3conf, endpoint)
+        settings = {**opts.config.backend_settings, "s3": s3conf}
+        opts = dataclasses.replace(
+            opts, config=dataclasses.replace(opts.config, backend_settings=settings)
+        )
     profile = {"profile": opts.profile} if opts.profile else {}
     s3_mover = movers.get("posix", "s3")(
         MoverOptions(destination=movers.options_for("s3", {"s3": s3conf}, os.getuid(), profile))
     )
-    env = (
-        s3_peer_env(opts.profile, s3conf.get("endpoint_url"), s3conf.get("region", "us-east-1"))
-        if peers
-        else {}
-    )
+    env = s3_peer_env(*s3.user_client(opts.profile, s3conf)) if peers else {}
     runs: dict[str, list[Run]] = {name: [] for name in ["bbstage", *peers]}
     try:
         with cleanup([local_root], opts.keep), progress_bar(opts.progress, plan) as bar:
@@ -114,18 +118,3 @@ def bench_s3(opts: Options, src: Location, dst: Location) -> dict[str, Any]:
         base["ratio"] = base["seconds"] / out["seconds"] if out["seconds"] > 0 else None
         out["baselines"][who] = base
     return out
-
-
-def _callers_endpoint_allowed(opts: Options) -> Options:
-    """``opts`` with the caller's own ``AWS_ENDPOINT_URL`` in ``[s3] allowed_endpoints``:
-    bench runs as the admin who calls it, not as a user, and times the store the admin names
-    (the allow-list guards the site against users' endpoints; an endpoint in the admin's
-    ~/.aws/config must still be listed, as the error says)."""
-    endpoint = os.environ.get("AWS_ENDPOINT_URL")
-    if not endpoint:
-        return opts
-    settings = opts.config.backend_settings
-    s3 = dict(settings.get("s3", {}))
-    s3["allowed_endpoints"] = [*s3.get("allowed_endpoints", []), endpoint]
-    config = dataclasses.replace(opts.config, backend_settings={**settings, "s3": s3})
-    return dataclasses.replace(opts, config=config)

@@ -19,7 +19,7 @@ the string ``"module:Class"`` so that nothing is imported before it is used. It 
 * ``movers``: its fast paths, ``(source scheme, destination scheme) -> "module:Class"``;
   every other pair of enabled backends goes through the generic fsspec mover, reading and
   writing through ``filesystem`` (``bbstage.movers.implementations.generic``);
-* its capabilities (``read_only``, ``assembles_pieces``, ``local``).
+* its capabilities (``read_only``, ``assembles_pieces``, ``local``, ``ranges``).
 
 No module outside a backend names a scheme (``tests/unit/test_layout.py`` checks it).
 """
@@ -93,6 +93,9 @@ class Backend:
     local: ClassVar[bool] = False  # a local file system path (byte ranges, capacity checks)
     read_only: ClassVar[bool] = False  # a source only (https://)
     assembles_pieces: ClassVar[bool] = False  # a destination that joins shares of one file
+    # a source read in byte ranges, several at once, by the generic mover (a big file into a
+    # local one): (bytes per ranged read, reads at once); None: one stream per file
+    ranges: ClassVar[tuple[int, int] | None] = None
 
     @classmethod
     def check_settings(cls, raw: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ import sys
 
 from common import REPO
 
+from .backends import backends
 from .generic import Render, generic
 from .hooks import hook_roundtrip, job_process
 from .job_array import job_array
@@ -37,6 +38,7 @@ SECTIONS: dict[str, Render] = {
     "memory": memory,
     "hook_roundtrip": hook_roundtrip,
     "job_process": job_process,
+    "backends": backends,
 }
 
 
@@ -65,7 +67,7 @@ def build(plots: bool = True) -> str:
     order = [s for s in SECTIONS if s in files] + [s for s in files if s not in SECTIONS]
     lines = [HEADER]
     for stem in order:
-        render = SECTIONS.get(stem) or generic(stem)
+        render = SECTIONS.get(stem) or SECTIONS.get(stem.split("-")[0]) or generic(stem)
         result = load(files[stem])
         try:
             lines += render(result, plots)

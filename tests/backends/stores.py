@@ -115,9 +115,26 @@ def fresh() -> str:
     return f"t-{uuid.uuid4().hex[:12]}/"
 
 
+def allow_local(kind: str, env: dict[str, str], options: BackendOptions | None) -> Any:
+    """``options`` with the local server in ``allowed_hosts`` where ``kind``'s URLs name the
+    host to reach (https, sftp), as the local cluster's daemon config has it; unchanged
+    when they name their own ``allowed_hosts`` (or the backend checks no host)."""
+    from bbstage.movers.implementations.generic import StoreOptions
+
+    port = {"https": env["BBSTAGE_HTTPS_URL"].rsplit(":", 1)[-1]}.get(kind)
+    port = env["BBSTAGE_SFTP_PORT"] if kind == "sftp" else port
+    if port is None or not isinstance(options, StoreOptions):
+        return options
+    if "allowed_hosts" in options.settings:
+        return options
+    return StoreOptions({**options.settings, "allowed_hosts": [f"127.0.0.1:{port}"]})
+
+
 def open_store(kind: str, env: dict[str, str], options: BackendOptions | None) -> Iterator[Store]:
-    """A ``Store`` on the local server of ``kind`` under a fresh prefix, removed afterwards."""
+    """A ``Store`` on the local server of ``kind`` under a fresh prefix, removed afterwards
+    (its options: ``allow_local``'s)."""
     backend = movers.backend(kind)
+    options = allow_local(kind, env, options)
     if kind == "https":
         name = fresh()
         local = Path(env["BBSTAGE_HTTPS_ROOT"]) / name

@@ -5,16 +5,20 @@ verification stays on)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bbstage.movers.base import TransferError
 from bbstage.movers.implementations.generic import StoreOptions
 from bbstage.transfer import Done, Failed, TransferSpec
 from tests.backends.abstract import ODD, BackendSuite
-from tests.backends.stores import Store, open_store, stores_env, user_home
+from tests.backends.stores import Store, allow_local, open_store, stores_env, user_home
 
 __all__ = ["stores_env"]  # the session fixture, registered here
 
@@ -72,7 +76,7 @@ def test_an_unknown_sftp_host_key_is_refused(
     (home / ".ssh" / "known_hosts").write_text("")
     user, port = stores_env["BBSTAGE_SFTP_USER"], stores_env["BBSTAGE_SFTP_PORT"]
     url = f"sftp://{user}@127.0.0.1:{port}/etc/hostname"
-    events = BackendSuite().run(_no_store("sftp"), url, str(tmp_path / "x"))
+    events = BackendSuite().run(_no_store("sftp", stores_env), url, str(tmp_path / "x"))
     assert isinstance(events[-1], Failed) and "127.0.0.1" in events[-1].message, events[-1]
     assert not (tmp_path / "x").exists()
 
@@ -83,13 +87,14 @@ def test_https_is_verified_without_the_sites_ca_bundle_it_fails(
     """TLS is verified: the test CA is trusted only through [https] ca_bundle."""
     (Path(stores_env["BBSTAGE_HTTPS_ROOT"]) / "verify.dat").write_bytes(b"x")
     url = stores_env["BBSTAGE_HTTPS_URL"] + "/verify.dat"
-    events = BackendSuite().run(_no_store("https"), url, str(tmp_path / "x"))
+    events = BackendSuite().run(_no_store("https", stores_env), url, str(tmp_path / "x"))
     assert isinstance(events[-1], Failed) and "certificate" in events[-1].message.lower()
     assert not (tmp_path / "x").exists()
 
 
-def _no_store(kind: str) -> Store:
-    return Store(kind, "", StoreOptions({}), None)
+def _no_store(kind: str, env: dict[str, str]) -> Store:
+    """Options as the daemon's without a table of ``kind`` (but the local server allowed)."""
+    return Store(kind, "", allow_local(kind, env, StoreOptions({})), None)
 
 
 def test_store_to_store_streams_through_the_worker(
@@ -126,7 +131,7 @@ def test_store_to_store_streams_through_the_worker(
             assert stores[b].get(f"from-{a}") == (body[:1000] if a == "https" else body)
         spec = TransferSpec.between(
             stores["gs"].url("t/"), stores["sftp"].url("t/"), job_id="s2s",
-            source_options=gs_options, destination_options=StoreOptions({}),
+            source_options=gs_options, destination_options=stores["sftp"].options,
         )  # fmt: skip
         assert isinstance(_run(spec)[-1], Done)
         assert stores["sftp"].get("t/a/one") == small
@@ -153,9 +158,9 @@ def test_a_big_download_in_ranges_lands_whole_and_a_cancel_leaves_nothing(
 ) -> None:
     """Ranged reads written in place (1 MiB ranges here: 12 of them, 4 at once): the bytes
     are the object's; cancelled after the first range, no temporary file is left."""
-    from bbstage.movers.implementations.generic import mover
+    from bbstage import movers
 
-    monkeypatch.setattr(mover, "RANGE", 1 << 20)
+    monkeypatch.setattr(movers.backend(kind), "ranges", (1 << 20, 4))
     user_home(tmp_path, monkeypatch)
     options = {
         "gs": StoreOptions(
@@ -186,5 +191,114 @@ def test_a_big_download_in_ranges_lands_whole_and_a_cancel_leaves_nothing(
         assert sorted(p.name for p in out.iterdir()) in (["big"], ["again", "big"])
         if (out / "again").exists():
             assert (out / "again").read_bytes() == body
+    finally:
+        next(gen, None)
+
+
+@contextlib.contextmanager
+def _listener(host: str, port: int = 0) -> Iterator[tuple[int, list[object]]]:
+    """A TCP listener (its port, and the connections it saw): each connection is closed at
+    once, so a client that reaches it fails at once instead of waiting."""
+    listener = socket.create_server((host, port))
+    listener.settimeout(0.05)
+    seen: list[object] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            seen.append(conn)
+            conn.close()
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], seen
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+@pytest.mark.parametrize("kind", ["https", "sftp"])
+def test_a_host_the_site_has_not_allowed_is_never_reached(
+    kind: str, stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's https:// or sftp:// URL reaches only the hosts of ``[https|sftp]
+    allowed_hosts``: a listener on 127.0.0.1, not listed (the local server is), sees no
+    connection; the transfer fails naming the URL and the key to set. HTTPS also checks each
+    connection its client opens (a redirect's): the filesystem made for an allowed URL is
+    refused the listener's too."""
+    from bbstage import movers
+
+    user_home(tmp_path, monkeypatch)
+    with _listener("127.0.0.1") as (port, seen):
+        user = stores_env["BBSTAGE_SFTP_USER"]
+        url = (
+            f"https://127.0.0.1:{port}/x"
+            if kind == "https"
+            else f"sftp://{user}@127.0.0.1:{port}/x"
+        )
+        options = (
+            StoreOptions({"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]})
+            if kind == "https"
+            else StoreOptions({})
+        )
+        store = Store(kind, "", allow_local(kind, stores_env, options), None)
+        events = BackendSuite().run(store, url, str(tmp_path / "x"))
+        assert isinstance(events[-1], Failed), events[-1]
+        assert url in events[-1].message, events[-1].message
+        assert f"[{kind}] allowed_hosts" in events[-1].message, events[-1].message
+        if kind == "https":  # the client itself: a redirect goes through the same connector
+            allowed = stores_env["BBSTAGE_HTTPS_URL"] + "/"
+            fs = movers.backend(kind).filesystem(store.options, allowed)
+            with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
+                fs.cat_file(url)
+        assert not (tmp_path / "x").exists()
+    assert not seen, "a host the site did not allow was reached"
+
+
+def test_allowed_hosts_in_the_daemon_config_are_checked() -> None:
+    """``allowed_hosts``: a list of host or host:port; anything else is refused at load."""
+    from bbstage import movers
+
+    https = movers.backend("https")
+    https.check_settings({"allowed_hosts": ["data.example.org", "Mirror.Example.org:8443"]})
+    https.check_host({"allowed_hosts": ["data.example.org"]}, "https://data.example.org/a")
+    https.check_host(
+        {"allowed_hosts": ["mirror.example.org:8443"]}, "https://MIRROR.example.org:8443/a"
+    )
+    for bad in ("data.example.org", ["https://x.org"], ["x.org:port"], ["x.org/a"], [443]):
+        with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
+            https.check_settings({"allowed_hosts": bad})
+    for url in ("https://data.example.org:8443/a", "https://other.org/a"):
+        with pytest.raises(TransferError, match=r"not allowed on this site"):
+            https.check_host({"allowed_hosts": ["data.example.org"]}, url)
+    movers.backend("sftp").check_host(
+        {"allowed_hosts": ["dtn.example.org"]}, "sftp://u@dtn.example.org/x"
+    )
+
+
+def test_the_users_ssh_config_does_not_send_an_sftp_transfer_elsewhere(
+    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host checked against ``[sftp] allowed_hosts`` is the one reached: a user's
+    ``~/.ssh/config`` naming another ``HostName`` for it is not read (a listener there sees
+    no connection; the allowed server's file arrives)."""
+    home = user_home(tmp_path, monkeypatch)
+    port = int(stores_env["BBSTAGE_SFTP_PORT"])
+    (home / ".ssh" / "config").write_text("Host 127.0.0.1\n  HostName 127.0.0.2\n")
+    gen = open_store("sftp", stores_env, StoreOptions({}))
+    store = next(gen)
+    try:
+        store.put("a", b"allowed")
+        with _listener("127.0.0.2", port) as (_, seen):
+            events = BackendSuite().run(store, store.url("a"), str(tmp_path / "a"))
+        assert not seen, "the user's ~/.ssh/config sent the transfer to another host"
+        BackendSuite().done(events)
+        assert (tmp_path / "a").read_bytes() == b"allowed"
     finally:
         next(gen, None)

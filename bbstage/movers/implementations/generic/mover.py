@@ -4,7 +4,6 @@ store's errors are translated by ``errors.translate``."""
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import stat
 import threading
@@ -12,10 +11,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bbstage.movers import backend as backend_of
 from bbstage.movers import checksum, localfs
 from bbstage.movers.base import (
-    BackendOptions,
     Cancelled,
     FileTask,
     Mover,
@@ -25,77 +22,11 @@ from bbstage.movers.base import (
     os_error,
 )
 from bbstage.movers.implementations.generic.errors import translate
+from bbstage.movers.implementations.generic.side import Side, mtime_ns
 
 FILE_MODE, DIR_MODE = 0o644, 0o755  # of what a store's files become on a local disk
-RANGE, RANGES = 16 << 20, 4  # a big download: ranged reads of this size, this many at once
+INFOS = 16  # a listing without sizes: files asked for theirs at once
 WHOLE = 4 << 20  # a file up to this size is read whole and written whole (one GET, one PUT)
-
-
-def _mtime_ns(info: dict[str, Any]) -> int | None:
-    """A store entry's modification time (the keys differ by store)."""
-    for key in ("mtime", "last_modified", "updated", "LastModified", "modified", "timeCreated"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if isinstance(value, dt.datetime):
-            stamp = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-            return int(stamp.timestamp() * 1e9)
-        if isinstance(value, int | float):
-            return int(value * 1e9)
-        if isinstance(value, str):
-            try:
-                parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-            except ValueError:
-                continue
-            return int(
-                (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp() * 1e9
-            )
-    return None
-
-
-class _Side:
-    """One side of a transfer: its backend, and its filesystem (made at first use, in the
-    worker, as the user; per URL authority for stores whose host is in the URL)."""
-
-    def __init__(self, kind: str, options: BackendOptions | None) -> None:
-        self.backend = backend_of(kind)
-        self.options = options
-        self.local = self.backend.local
-        self._fs: dict[str, Any] = {}
-        self._lock = threading.Lock()
-
-    def fs(self, url: str) -> Any:
-        authority = url.split("://", 1)[1].split("/", 1)[0] if "://" in url else ""
-        with self._lock:
-            if authority not in self._fs:
-                try:
-                    self._fs[authority] = self.backend.filesystem(self.options, url)
-                except TransferError:
-                    raise
-                except Exception as exc:
-                    raise translate(exc, url) from None
-            return self._fs[authority]
-
-    def path(self, url: str) -> str:
-        return url if self.local else self.backend.strip(url)
-
-    def info(self, url: str) -> dict[str, Any] | None:
-        """The entry at ``url``, or None if there is none."""
-        if self.local:
-            try:
-                st = os.stat(url)
-            except FileNotFoundError:
-                return None
-            except OSError as exc:
-                raise os_error(exc, url) from None
-            kind = "directory" if stat.S_ISDIR(st.st_mode) else "file"
-            return {"type": kind, "size": st.st_size, "mtime": st.st_mtime_ns / 1e9}
-        try:
-            return dict(self.fs(url).info(self.path(url)))
-        except FileNotFoundError:
-            return None
-        except Exception as exc:
-            raise translate(exc, url) from None
 
 
 class GenericMover(Mover):
@@ -104,8 +35,9 @@ class GenericMover(Mover):
     def __init__(self, options: MoverOptions) -> None:
         super().__init__(options)
         checksum.check(options.checksum)
-        self.src = _Side(options.source_kind, options.source)
-        self.dst = _Side(options.destination_kind, options.destination)
+        self.src = Side(options.source_kind, options.source)
+        self.dst = Side(options.destination_kind, options.destination)
+        self._made: set[tuple[str, str]] = set()  # directories made on the destination store
 
     # -- plan -----------------------------------------------------------------------------
 
@@ -160,13 +92,18 @@ class GenericMover(Mover):
             raise TransferError(f"no such file or directory: {src}")
         top = root.rstrip("/") + "/"
         tasks = [FileTask(src, dst, "dir", mode=DIR_MODE)] if self.dst.local else []
+        unsized = [
+            p for p, i in found.items() if i.get("type") != "directory" and i.get("size") is None
+        ]
+        if unsized:  # a listing without sizes (HTTP): each file asked, INFOS at once
+            with ThreadPoolExecutor(INFOS, thread_name_prefix="info") as pool:
+                asked = pool.map(lambda p: self._call(lambda: fs.info(p), src), unsized)
+                found.update(zip(unsized, asked, strict=True))
         for path, info in sorted(found.items()):
             rel = path[len(top) :] if path.startswith(top) else ""
             if not rel:
                 continue
             target = dst.rstrip("/") + "/" + backend.name_of(rel)
-            if info.get("type") != "directory" and info.get("size") is None:
-                info = self._call(lambda p=path: fs.info(p), src)  # a listing without sizes
             if info.get("type") == "directory":
                 if self.dst.local:
                     tasks.append(FileTask(src + rel, target, "dir", mode=DIR_MODE))
@@ -176,7 +113,7 @@ class GenericMover(Mover):
 
     def _task(self, src: str, dst: str, info: dict[str, Any]) -> FileTask:
         size = int(info.get("size") or 0)
-        return FileTask(src, dst, "file", size, FILE_MODE, _mtime_ns(info))
+        return FileTask(src, dst, "file", size, FILE_MODE, mtime_ns(info))
 
     # -- current, newer -------------------------------------------------------------------
 
@@ -188,14 +125,14 @@ class GenericMover(Mover):
             return None
         if task.kind != "file" or info.get("type") == "directory":
             return False
-        mtime = _mtime_ns(info)
+        mtime = mtime_ns(info)
         return int(info.get("size") or 0) == task.size and (mtime or 0) >= (task.mtime_ns or 0)
 
     def newer(self, task: FileTask) -> bool:
         if self.dst.local:
             return super().newer(task)
         info = self.dst.info(task.dst)
-        return info is not None and (_mtime_ns(info) or 0) >= (task.mtime_ns or 0)
+        return info is not None and (mtime_ns(info) or 0) >= (task.mtime_ns or 0)
 
     # -- copy -----------------------------------------------------------------------------
 
@@ -206,16 +143,14 @@ class GenericMover(Mover):
             if self.dst.local:
                 return localfs.make_dir(task)
             if not self.dst.backend.atomic_put:  # a real directory tree (SFTP)
-                self._call(
-                    lambda: self.dst.fs(task.dst).makedirs(self.dst.path(task.dst), exist_ok=True),
-                    task.dst,
-                )
+                self._makedirs(task.dst, self.dst.path(task.dst))
             return None
         if task.kind != "file":
             raise TransferError(f"{task.src}: a {task.kind} cannot be copied to {task.dst}")
         digest = checksum.new(self.options.checksum) if self.options.checksum != "none" else None
-        if self.dst.local and not self.src.local and digest is None and task.size > 2 * RANGE:
-            return self._get_ranges(task, progress, cancel)
+        ranges = None if self.src.local else self.src.backend.ranges
+        if self.dst.local and ranges is not None and digest is None and task.size > 2 * ranges[0]:
+            return self._get_ranges(task, progress, cancel, *ranges)
         if task.size <= WHOLE:
             return self._copy_whole(task, progress, cancel, digest)
         with self._reader(task) as source:
@@ -275,7 +210,7 @@ class GenericMover(Mover):
         target = final if atomic else localfs.temp_name(final, self.options.job_id)
         try:
             if not atomic:
-                self._call(lambda: fs.makedirs(os.path.dirname(final), exist_ok=True), task.dst)
+                self._makedirs(task.dst, os.path.dirname(final))
             self._call(lambda: fs.pipe_file(target, data), task.dst)
             if digest is not None:
                 again = checksum.new(self.options.checksum)
@@ -293,12 +228,15 @@ class GenericMover(Mover):
             raise
         progress.add(len(data))
 
-    def _get_ranges(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
-        """A big file from a store into a local file: ``RANGES`` ranged reads of ``RANGE``
-        bytes at once, each written where it belongs (``pwrite``) in the temporary file; one
+    def _get_ranges(
+        self, task: FileTask, progress: Progress, cancel: threading.Event, size: int, streams: int
+    ) -> None:
+        """A big file from a store into a local file: ``streams`` ranged reads of ``size``
+        bytes at once (the source backend's ``ranges``), each written where it belongs
+        (``pwrite``) in the temporary file, given its whole size first (``preallocate``); one
         stream per file is what the stores' clients do badly (a third of rclone's rate)."""
         fs, path = self.src.fs(task.src), self.src.path(task.src)
-        starts = list(range(0, task.size, RANGE))
+        starts = list(range(0, task.size, size))
 
         def read(start: int, end: int) -> bytes:
             if getattr(self.src.backend, "cat_ranges", True):
@@ -308,11 +246,12 @@ class GenericMover(Mover):
                 return bytes(f.read(end - start))
 
         with localfs.atomic_file(task, self.options.job_id, progress) as fd:
+            localfs.preallocate(fd, task.size)
 
             def fetch(start: int) -> int:
                 if cancel.is_set():
                     raise Cancelled()
-                end = min(start + RANGE, task.size)
+                end = min(start + size, task.size)
                 block = self._call(lambda: read(start, end), task.src)
                 if len(block) != end - start:
                     raise TransferError(
@@ -328,7 +267,7 @@ class GenericMover(Mover):
                 return end - start
 
             done = 0
-            with ThreadPoolExecutor(RANGES, thread_name_prefix="range") as pool:
+            with ThreadPoolExecutor(streams, thread_name_prefix="range") as pool:
                 try:
                     for n in pool.map(fetch, starts):
                         done += n
@@ -384,8 +323,10 @@ class GenericMover(Mover):
         atomic = self.dst.backend.atomic_put
         target = final if atomic else localfs.temp_name(final, self.options.job_id)
         if not atomic:
-            self._call(lambda: fs.makedirs(os.path.dirname(final), exist_ok=True), task.dst)
-        out = self._call(lambda: fs.open(target, "wb"), task.dst)
+            self._makedirs(task.dst, os.path.dirname(final))
+        block = getattr(self.dst.backend, "put_block", None)
+        sized = {"block_size": block} if block else {}
+        out = self._call(lambda: fs.open(target, "wb", **sized), task.dst)
         try:
             self._pump(task, source, out.write, progress, cancel, digest)
             self._call(out.close, task.dst)
@@ -412,12 +353,22 @@ class GenericMover(Mover):
                 _quietly(lambda: fs.rm_file(target))
             raise
 
+    def _makedirs(self, url: str, path: str) -> None:
+        """Make the directory ``path`` on ``url``'s store (SFTP) once per transfer: a tree's
+        files share a few directories, and each makedirs is a round trip or more."""
+        key = (url.split("://", 1)[-1].split("/", 1)[0], path)
+        if key in self._made:
+            return
+        self._call(lambda: self.dst.fs(url).makedirs(path, exist_ok=True), url)
+        self._made.add(key)
+
     def _call(self, fn: Any, url: str) -> Any:
         try:
             return fn()
         except (TransferError, Cancelled):
             raise
         except Exception as exc:
+            self._made.clear()  # a directory may be gone: a retry makes them again
             raise translate(exc, url) from None
 
 

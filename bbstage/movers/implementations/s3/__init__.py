@@ -40,9 +40,11 @@ from bbstage.movers.implementations.s3.pieces import S3Upload
 from bbstage.movers.implementations.s3.settings import (
     S3Options,
     S3Settings,
+    allow_endpoint,
     mapped_credentials,
     parse_mode,
     s3_options,
+    user_client,
 )
 
 _HERE = "bbstage.movers.implementations.s3"
@@ -113,10 +115,12 @@ __all__ = [
     "S3Options",
     "S3Settings",
     "S3Upload",
+    "allow_endpoint",
     "checksum_key",
     "mapped_credentials",
     "parse_mode",
     "s3_options",
     "split_url",
     "translate",
+    "user_client",
 ]

@@ -150,6 +150,35 @@ def check_endpoint(settings: S3Settings, endpoint: str, whose: str) -> None:
         )
 
 
+def allow_endpoint(raw: dict[str, Any], endpoint: str) -> dict[str, Any]:
+    """``[s3]`` as the config holds it, with ``endpoint`` added to ``allowed_endpoints``: for
+    a tool the admin runs as themself (``bbstage bench``) against the store they name (the
+    allow-list guards the site against users' endpoints)."""
+    return {**raw, "allowed_endpoints": [*raw.get("allowed_endpoints", []), endpoint]}
+
+
+def user_client(profile: str | None, raw: dict[str, Any]) -> tuple[Any, str | None, str]:
+    """What a user's S3 client resolves, for a tool that hands it to another client
+    (``bbstage bench``'s peers): the frozen credentials (None without any), never the
+    host's instance or container role; the profile's own ``endpoint_url`` and ``region``
+    (``~/.aws/config``) over ``[s3]``'s (``raw``), as the movers' client has them."""
+    import botocore.session
+
+    settings = S3Settings.from_config(raw)
+    session = botocore.session.Session(profile=profile)
+    resolver = session.get_component("credential_provider")
+    for name in ("iam-role", "container-role"):
+        resolver.remove(name)
+    creds = session.get_credentials()
+    scoped = session.get_scoped_config()
+    endpoint = scoped.get("endpoint_url") or settings.endpoint_url
+    return (
+        creds.get_frozen_credentials() if creds is not None else None,
+        endpoint,
+        scoped.get("region") or settings.region,
+    )
+
+
 def parse_mode(value: Any) -> int:
     """A file mode: a TOML integer is the mode itself (``0o644``); a string is octal
     (``"644"``, ``"0644"``, ``"0o644"``). Nothing beyond ``0o777`` (no setuid, sticky)."""

@@ -1,0 +1,50 @@
+"""The section of the generic backends' benchmark: bbstage against rclone and fsspec's own
+``get``/``put``, per store, case and direction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .text import env_line, rate, size
+
+
+def backends(result: dict[str, Any], plots: bool) -> list[str]:
+    env, cells = result["environment"], result["results"]
+    small = f"{env['files']:,} × {size(env['file_size'])}"
+    lines = [
+        f"## {result.get('title', 'Generic backends: gs, az, sftp, https')}",
+        "",
+        "`benchmarks/bench_backends.py`: each store's local server (`scripts/local-stores`:",
+        "gcp-storage-emulator, Azurite, OpenSSH, an HTTPS server with a test CA), one big file",
+        f"({size(env['big'])}) and {small} files each way (https: down only), through",
+        "bbstage's generic mover (`worker.transfer` in the benchmark's process), rclone and",
+        "fsspec's own `put`/`get`, in rotating order, same data; MB/s of the fastest of",
+        f"{env.get('repeat', 1)} run(s) (`--repeat`). Goal (issue [T] #38): {result['goal']}.",
+        "Servers and clients share the machine's CPUs: the figures are indicative.",
+        "",
+        "| store | case | way | bbstage MB/s | rclone MB/s | fsspec MB/s | × rclone | goal |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    failures = []
+    for key, row in cells.items():
+        kind, case, way = key.split("/")
+        shown = []
+        for who in ("bbstage", "rclone", "fsspec"):
+            if "mb_per_s" in row.get(who, {}):
+                shown.append(rate(row[who]["mb_per_s"]))
+            else:
+                shown.append("failed")
+                error = (row.get(who, {}).get("error") or "?").strip().splitlines()[-1]
+                failures.append(f"{who}, {kind} {case} {way}: {error}")
+        ratio = row.get("ratio_rclone")
+        met = "—" if ratio is None else ("met" if ratio >= 1.0 else "NOT met")
+        times = "—" if ratio is None else f"{ratio:.2f}"
+        lines.append(f"| {kind} | {case} | {way} | {' | '.join(shown)} | {times} | {met} |")
+    lines.append("")
+    if failures:
+        lines += ["Failed (the peer's own error, last line):", ""]
+        lines += [f"* {f}" for f in failures] + [""]
+    load = env.get("load")
+    extra = [f"load average {load[0]:.1f} at the start, {load[1]:.1f} at the end" if load else ""]
+    lines += [env_line(env, *extra), ""]
+    return lines
