@@ -153,31 +153,29 @@ async def slurm_states(
 
 async def cancel_in_slurm(job_id: str, slurm_conf: str | None) -> bool:
     """``scancel JOB``; whether slurmctld took it."""
-    if not job_id.isdigit():  # an id from a hook: never an option or a list
-        log.error("not a job id: cannot cancel it", job_id=job_id)
-        return False
-    scancel = shutil.which("scancel")
-    if scancel is None:
-        log.error("scancel not found: cannot end a stranded job", job_id=job_id)
-        return False
-    code, _, err = await _slurm(scancel, [job_id], slurm_conf)
-    if code:
-        log.error("scancel failed", job_id=job_id, error=err.decode(errors="replace").strip())
-    return code == 0
+    return await _act_in_slurm(job_id, slurm_conf, "scancel", [], "end a stranded job")
 
 
 async def release_in_slurm(job_id: str, slurm_conf: str | None) -> bool:
     """``scontrol release JOB``; whether slurmctld took it."""
-    if not job_id.isdigit():  # an id from squeue: never an option or a list
-        log.error("not a job id: cannot release it", job_id=job_id)
+    return await _act_in_slurm(job_id, slurm_conf, "scontrol", ["release"], "release the job")
+
+
+async def _act_in_slurm(
+    job_id: str, slurm_conf: str | None, tool: str, verb: list[str], what: str
+) -> bool:
+    """``TOOL VERB JOB`` for one job id from a hook or squeue; whether slurmctld took it
+    (what it could not do is logged: an admin then does it by hand)."""
+    if not job_id.isdigit():  # never an option or a list
+        log.error(f"not a job id: cannot {what}", job_id=job_id)
         return False
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        log.error("scontrol not found: cannot release a held job", job_id=job_id)
+    path = shutil.which(tool)
+    if path is None:
+        log.error(f"{tool} not found: cannot {what}", job_id=job_id)
         return False
-    code, _, err = await _slurm(scontrol, ["release", job_id], slurm_conf)
+    code, _, err = await _slurm(path, [*verb, job_id], slurm_conf)
     if code:
-        log.error("scontrol release failed: release the job by hand", job_id=job_id,
+        log.error(f"{' '.join([tool, *verb])} failed: {what} by hand", job_id=job_id,
                   error=err.decode(errors="replace").strip())  # fmt: skip
     return code == 0
 
