@@ -404,14 +404,18 @@ class Engine:
         else:
             if pool is not None:
                 await asyncio.to_thread(scratch.remove, pool, job.job_id)
-            if job.state not in FINISHED:
-                hurried = hurry and job.state != JobState.STAGED_OUT
+            # The job as it is now: while this teardown awaited, another (Slurm's teardown
+            # hook beside the reconciler's) may have ended it.
+            now = self.store.job(job.job_id) or job
+            if now.state not in FINISHED:
+                hurried = hurry and now.state != JobState.STAGED_OUT
                 self.store.set_job(
                     job.job_id, state=JobState.CANCELLED if hurried else JobState.DONE
                 )
 
     def _fail(self, job: JobRow, error: str) -> None:
         """Fail ``job`` with ``error`` added to its own (a failed job just gets the error)."""
+        job = self.store.job(job.job_id) or job  # as it is now, not as a caller last read it
         if job.state == JobState.FAILED:
             self.store.set_job(job.job_id, error=_join(job.error, error))
         else:

@@ -33,6 +33,13 @@ from .conftest import REPO, USER, Cluster, as_user
 pytestmark = pytest.mark.cluster
 
 
+# In a Slurm root (24.11, 26.05: scripts/local-cluster) the job runs the root's bbstage
+# (/usr/local/bin) before the submitter's PATH: a checkout under /tmp or /home is visible in
+# the root, but its venv's Python is the host's, not the root's (CI's clone under /tmp ran
+# /tmp/.../.venv/bin/bbstage there: "No module named 'bbstage'"). The host has none there.
+ROOT_BBSTAGE_FIRST = "export PATH=/usr/local/bin:$PATH\n"
+
+
 def _api(cluster: Cluster) -> str:
     conf = Path(cluster.env.get("BBSTAGE_CONFIG", cluster.dir / "etc" / "bbstage.toml"))
     address = tomllib.loads(conf.read_text()).get("daemon", {}).get("api_address", "")
@@ -68,7 +75,7 @@ def test_a_job_drains_a_checkpoint_while_it_computes(
         f"""#!/bin/bash
 #BB_LUA pool=scratch capacity=1G
 export BBSTAGE_API={api}
-head -c 200000000 /dev/urandom > "$BB_SCRATCH/ckpt.dat"
+{ROOT_BBSTAGE_FIRST}head -c 200000000 /dev/urandom > "$BB_SCRATCH/ckpt.dat"
 sha256sum "$BB_SCRATCH/ckpt.dat" | cut -d' ' -f1 > {out}/expected
 id=$(bbstage copy '$BB_SCRATCH/ckpt.dat' {out}/ckpt.dat --checksum=xxh3) || exit 3
 up=$(bbstage copy '$BB_SCRATCH/ckpt.dat' s3://{bucket}/ckpt/ckpt.dat) || exit 7
@@ -121,7 +128,7 @@ def test_a_daemon_restart_under_an_in_job_copy_never_loses_it(
         f"""#!/bin/bash
 #BB_LUA pool=scratch capacity=1G
 export BBSTAGE_API={api}
-mkdir "$BB_SCRATCH/t"
+{ROOT_BBSTAGE_FIRST}mkdir "$BB_SCRATCH/t"
 for i in $(seq -w 0 47); do head -c 4194304 /dev/urandom > "$BB_SCRATCH/t/f$i"; done
 (cd "$BB_SCRATCH/t" && sha256sum f*) > {out}/expected
 id=$(bbstage copy '$BB_SCRATCH/t/' {out}/t/) || exit 3

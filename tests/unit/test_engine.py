@@ -556,3 +556,18 @@ def test_a_job_only_moves_forward_and_a_hurried_teardown_ends_it_cancelled(
     job = engine.store.job("21")
     assert job is not None and (job.state, job.error) == ("cancelled", "")
     assert states(engine, "21") == ["cancelled"]
+
+
+def test_two_teardowns_at_once_end_the_job_once(engine: Engine) -> None:
+    """Slurm's teardown hook and the reconciler's (a job Slurm no longer runs) may tear the
+    same job down at once: each awaits scratch's removal, then the job ends once, cancelled,
+    without an illegal move (seen on the real cluster: cancelled -> cancelled raised in the
+    reconciler)."""
+    setup(engine, "22", "stage_in source=/a/ destination=$BB_SCRATCH/a/")
+
+    async def scenario() -> None:  # one event loop, as in the daemon
+        await asyncio.gather(engine.end_job("22", hurry=True), engine.end_job("22", hurry=True))
+
+    asyncio.run(scenario())
+    job = engine.store.job("22")
+    assert job is not None and (job.state, job.error) == ("cancelled", "")
