@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bbstage import directives, protocol
-from bbstage.cli import render
+from bbstage.cli import client, render
 from bbstage.daemon import server
 from bbstage.daemon.state import Store
 from bbstage.protocol import Reply, from_bytes, to_bytes
@@ -278,12 +278,7 @@ def _answered(sock: socket.socket) -> bool:
 def _reply(sock: socket.socket, timeout: float) -> dict[str, Any] | None:
     """The daemon's reply line, or None if it closed the connection without one."""
     sock.settimeout(timeout)
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
+    data = client.read_reply(sock)
     return json.loads(data) if data else None
 
 

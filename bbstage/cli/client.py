@@ -88,6 +88,11 @@ def call(where: Path | Target, op: str, timeout: float = 10.0, **fields: Any) ->
 def exchange(sock: socket.socket, line: bytes) -> bytes:
     """Send one request line on a connected socket; the reply line (what came before EOF)."""
     sock.sendall(line + b"\n")
+    return read_reply(sock)
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    """The reply line on a connected socket (what came before EOF: b"" if none)."""
     data = b""
     while not data.endswith(b"\n"):
         chunk = sock.recv(65536)
