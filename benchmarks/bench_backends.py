@@ -11,6 +11,7 @@ Goal (issue [T] #38): bbstage >= 1.0x rclone on each. The defaults are the issue
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -121,6 +122,7 @@ def main() -> None:
                 remote_src = store.url("big.dat" if case == "big" else "small/")
                 for direction in ("up", "down") if kind != "https" else ("down",):
                     times: dict[str, list[float]] = {"bbstage": [], "rclone": [], "fsspec": []}
+                    cpu: dict[str, list[float]] = {who: [] for who in times}
                     errors: dict[str, str] = {}
                     for rep in range(args.repeat):
                         for who in common.rotate(list(times), rep):
@@ -133,8 +135,11 @@ def main() -> None:
                                 a, b = remote_src, str(out) + ("/" if tree else "/big.dat")
                                 out.mkdir()
                             try:
-                                seconds = run(who, kind, a, b, tree, store, rclone, rc_env, flags)
+                                seconds, used = run(
+                                    who, kind, a, b, tree, store, rclone, rc_env, flags
+                                )
                                 times[who].append(seconds)
+                                cpu[who].append(used)
                             except subprocess.CalledProcessError as exc:  # the peer cannot
                                 errors[who] = (exc.stderr or b"").decode()[-300:].strip()
                             except Exception as exc:  # fsspec's own get/put cannot
@@ -144,7 +149,11 @@ def main() -> None:
                             shutil.rmtree(out, ignore_errors=True)
                     nbytes = big if case == "big" else small * args.files
                     row: dict[str, Any] = {
-                        who: {"seconds": min(t), "mb_per_s": nbytes / min(t) / 1e6}
+                        who: {
+                            "seconds": min(t),
+                            "mb_per_s": nbytes / min(t) / 1e6,
+                            "cpu_seconds": cpu[who][t.index(min(t))],
+                        }  # fmt: skip
                         if t
                         else {"error": errors.get(who, "?")}
                         for who, t in times.items()
@@ -159,9 +168,13 @@ def main() -> None:
                         for k, v in row.items()
                         if isinstance(v, dict)
                     }
-                    print(
-                        kind, case, direction, rates, "x rclone:", row["ratio_rclone"], flush=True
-                    )
+                    used = {
+                        k: round(v["cpu_seconds"], 2)
+                        for k, v in row.items()
+                        if isinstance(v, dict) and "cpu_seconds" in v
+                    }
+                    print(kind, case, direction, rates, "cpu s:", used,
+                          "x rclone:", row["ratio_rclone"], flush=True)  # fmt: skip
             next(gen, None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -178,9 +191,12 @@ def main() -> None:
 
 
 def run(who: str, kind: str, a: str, b: str, tree: bool, store: Any, rclone: str,
-        rc_env: dict[str, str], flags: list[str]) -> float:  # fmt: skip
-    """Seconds ``who`` takes to copy ``a`` to ``b``."""
+        rc_env: dict[str, str], flags: list[str]) -> tuple[float, float]:  # fmt: skip
+    """Seconds ``who`` takes to copy ``a`` to ``b``, and the CPU seconds its client used
+    (this process's for bbstage and fsspec, which run here; the child's for rclone): the
+    servers share the machine's CPUs, so a client's CPU is time taken from its server."""
     started = time.perf_counter()
+    cpu = time.process_time() + _children_cpu()
     if who == "bbstage":
         spec = TransferSpec.between(a, b, job_id="bench", source_options=store.options,
                                     destination_options=store.options)  # fmt: skip
@@ -211,7 +227,12 @@ def run(who: str, kind: str, a: str, b: str, tree: bool, store: Any, rclone: str
             fs.put(a, strip(b), recursive=tree)
         else:
             fs.get(strip(a).rstrip("/") if tree else strip(a), b, recursive=tree)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() + _children_cpu() - cpu
+
+
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 if __name__ == "__main__":

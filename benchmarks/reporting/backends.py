@@ -20,10 +20,13 @@ def backends(result: dict[str, Any], plots: bool) -> list[str]:
         "bbstage's generic mover (`worker.transfer` in the benchmark's process), rclone and",
         "fsspec's own `put`/`get`, in rotating order, same data; MB/s of the fastest of",
         f"{env.get('repeat', 1)} run(s) (`--repeat`). Goal (issue [T] #38): {result['goal']}.",
-        "Servers and clients share the machine's CPUs: the figures are indicative.",
+        "Servers and clients share the machine's CPUs: the figures are indicative, and a",
+        "client's CPU seconds (bbstage's and fsspec's: the benchmark's process; rclone's: its",
+        "process) are time its server did not get.",
         "",
-        "| store | case | way | bbstage MB/s | rclone MB/s | fsspec MB/s | × rclone | goal |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "| store | case | way | bbstage MB/s | rclone MB/s | fsspec MB/s | × rclone | goal"
+        " | CPU s bbstage / rclone |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     failures = []
     for key, row in cells.items():
@@ -39,7 +42,9 @@ def backends(result: dict[str, Any], plots: bool) -> list[str]:
         ratio = row.get("ratio_rclone")
         met = "—" if ratio is None else ("met" if ratio >= 1.0 else "NOT met")
         times = "—" if ratio is None else f"{ratio:.2f}"
-        lines.append(f"| {kind} | {case} | {way} | {' | '.join(shown)} | {times} | {met} |")
+        used = [row.get(who, {}).get("cpu_seconds") for who in ("bbstage", "rclone")]
+        cpu = " / ".join("—" if u is None else f"{u:.2f}" for u in used)
+        lines.append(f"| {kind} | {case} | {way} | {' | '.join(shown)} | {times} | {met} | {cpu} |")
     lines.append("")
     if failures:
         lines += ["Failed (the peer's own error, last line):", ""]

@@ -302,3 +302,47 @@ def test_the_users_ssh_config_does_not_send_an_sftp_transfer_elsewhere(
         assert (tmp_path / "a").read_bytes() == b"allowed"
     finally:
         next(gen, None)
+
+
+def test_a_server_that_answers_a_range_with_the_whole_file_is_refused(
+    stores_env: dict[str, str], tmp_path: Path
+) -> None:
+    """HTTPS ranges are streamed into place as they arrive (``read_range``): a server that
+    ignores ``Range`` and sends the whole file (200, as Python's own http.server does) is
+    refused before a byte is handed on, as a transient failure (a mirror behind it may
+    answer the next try)."""
+    import http.server
+    import ssl
+
+    from bbstage import movers
+
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "big").write_bytes(os.urandom(3 << 20))
+    ca = Path(stores_env["BBSTAGE_HTTPS_CA"]).parent
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(ca / "server.pem", ca / "server.key")
+    handler = type(
+        "Plain",
+        (http.server.SimpleHTTPRequestHandler,),
+        {"log_message": lambda *a: None, "protocol_version": "HTTP/1.1"},
+    )
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), lambda *a: handler(*a, directory=str(tmp_path / "www"))
+    )
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        https = movers.backend("https")
+        options = StoreOptions(
+            {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [f"127.0.0.1:{port}"]}
+        )
+        url = f"https://127.0.0.1:{port}/big"
+        fs = https.filesystem(options, url)
+        handed: list[int] = []
+        with pytest.raises(TransferError, match="answered a byte range with the whole file") as e:
+            https.read_range(fs, url, 1 << 20, 2 << 20, lambda at, data: handed.append(at))
+        assert not e.value.permanent and handed == []
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -148,11 +148,11 @@ class GenericMover(Mover):
         if task.kind != "file":
             raise TransferError(f"{task.src}: a {task.kind} cannot be copied to {task.dst}")
         digest = checksum.new(self.options.checksum) if self.options.checksum != "none" else None
-        ranges = None if self.src.local else self.src.backend.ranges
-        if self.dst.local and ranges is not None and digest is None and task.size > 2 * ranges[0]:
-            return self._get_ranges(task, progress, cancel, *ranges)
         if task.size <= WHOLE:
             return self._copy_whole(task, progress, cancel, digest)
+        ranges = None if self.src.local else self.src.backend.ranges
+        if self.dst.local and ranges is not None and digest is None:
+            return self._get_ranges(task, progress, cancel, *ranges)
         with self._reader(task) as source:
             if self.dst.local:
                 with localfs.atomic_file(task, self.options.job_id, progress) as fd:
@@ -237,32 +237,27 @@ class GenericMover(Mover):
         stream per file is what the stores' clients do badly (a third of rclone's rate)."""
         fs, path = self.src.fs(task.src), self.src.path(task.src)
         starts = list(range(0, task.size, size))
-
-        def read(start: int, end: int) -> bytes:
-            if getattr(self.src.backend, "cat_ranges", True):
-                return bytes(fs.cat_file(path, start, end))
-            with fs.open(path, "rb") as f:  # its own handle: ranges are read at once
-                f.seek(start)
-                return bytes(f.read(end - start))
+        read_range = self.src.backend.read_range
 
         with localfs.atomic_file(task, self.options.job_id, progress) as fd:
             localfs.preallocate(fd, task.size)
+
+            def write(offset: int, data: bytes) -> None:
+                view = memoryview(data)
+                while view:
+                    written = os.pwrite(fd, view, offset)
+                    view, offset = view[written:], offset + written
 
             def fetch(start: int) -> int:
                 if cancel.is_set():
                     raise Cancelled()
                 end = min(start + size, task.size)
-                block = self._call(lambda: read(start, end), task.src)
-                if len(block) != end - start:
+                got = self._call(lambda: read_range(fs, path, start, end, write), task.src)
+                if got != end - start:
                     raise TransferError(
-                        f"short read: {len(block)} of {end - start} bytes at {start} of {task.src}",
+                        f"short read: {got} of {end - start} bytes at {start} of {task.src}",
                         permanent=False,
                     )
-                view = memoryview(block)
-                offset = start
-                while view:
-                    written = os.pwrite(fd, view, offset)
-                    view, offset = view[written:], offset + written
                 progress.add(end - start)
                 return end - start
 
