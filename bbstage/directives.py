@@ -109,6 +109,10 @@ MESSAGES: dict[str, str] = {
     "bad-scheme": 'unsupported scheme in %s "%s": use an absolute path, $BB_SCRATCH/..., or %s',
     "bad-bucket/key": '%s "%s" has no key part: write %s/ for a whole %s or %s/key',
     "bad-bucket": 'bad %s in %s "%s": %s',
+    "host-not-allowed": (
+        'host %s in %s "%s" is not allowed on this site: the administrator may add "%s" to %s'
+        " in the daemon config"
+    ),
     "non-utf8": (
         'byte 0x%02x in %s "%s" is not UTF-8 and %s keys are UTF-8 text: save the script as '
         "UTF-8 (iconv -f LATIN1 -t UTF-8) or rename the key"
@@ -477,6 +481,9 @@ def _location(v: str, role: str, verb: str, st: _State) -> tuple[str, bool, bool
             raise _Fail("bad-bucket/key", role, v, top, rule.what.split()[-1], top)
         if not rule.check(v[start:slash]):
             raise _Fail("bad-bucket", rule.what, role, v, rule.rules)
+        host = rule.refused_host(v[start:slash])  # the site's allowed_hosts
+        if host is not None:
+            raise _Fail("host-not-allowed", host, role, v, host, rule.key)
         kind, path = scheme, v[slash:]
         bad = _SURROGATE.search(v) if rule.utf8 else None
         if bad:  # U+DC80+byte; another surrogate came from a JSON escape: its UTF-8 starts 0xed

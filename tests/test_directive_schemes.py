@@ -31,15 +31,35 @@ CASES = [
     ("https://-bad/x", "bad-bucket"),
     ("sftp://user@dtn.example.org:2222/home/u/x", None),
     ("sftp://host/x", None),
+    # only the hosts of [https]/[sftp] allowed_hosts (ALLOWED), by host:port, default ports
+    # 443 and 22, host names in any case, the port without leading zeros, after any user@
+    ("https://data.example.org/pub/file.nc", "host-not-allowed"),  # 443: not listed
+    ("https://Mirror.EXAMPLE.org/x", None),
+    ("https://mirror.example.org:443/x", None),
+    ("https://mirror.example.org:0443/x", None),
+    ("https://mirror.example.org:4430/x", "host-not-allowed"),
+    ("https://mirror.example.org.evil.net/x", "host-not-allowed"),
+    ("https://127.0.0.1:8443/x", "host-not-allowed"),
+    ("sftp://dtn.example.org/x", "host-not-allowed"),  # 22: not listed
+    ("sftp://a@b@HOST:22/x", None),
+    ("sftp://host@evil.net/x", "host-not-allowed"),
     ("http://host/x", "bad-scheme"),
     ("ftp://host/x", "bad-scheme"),
     ("s3://bucket/k", None),
 ]
 
 
+# the daemon config's tables of the backends whose URLs name a host to reach
+ALLOWED = {
+    "https": {"allowed_hosts": ["data.example.org:8443", "Mirror.Example.org"]},
+    "sftp": {"allowed_hosts": ["dtn.example.org:2222", "host"]},
+}
+
+
 @pytest.fixture
 def enabled() -> Iterator[None]:
     movers.enable(ENABLED)
+    movers.check_settings(ALLOWED)  # as bbstage.config does after enable
     yield
     movers.enable([])
 
@@ -77,6 +97,7 @@ def test_a_disabled_scheme_is_refused_and_the_message_lists_the_enabled(lua: Lua
     assert "gs://" not in result["errors"][0]["message"].split(":", 2)[2].replace('"gs://', "")
     movers.enable(ENABLED)
     assert parse(script("gs://bucket/k"))["errors"] == []
+    movers.check_settings(ALLOWED)
 
 
 def test_profile_only_with_a_backend_that_takes_it(lua: LuaParser) -> None:
@@ -84,3 +105,51 @@ def test_profile_only_with_a_backend_that_takes_it(lua: LuaParser) -> None:
         result = parse(script(location, "profile=me"))
         assert [e["code"] for e in result["errors"]] == ([] if ok else ["profile-without-s3"])
         assert lua.parse(script(location, "profile=me")) == result
+
+
+def test_a_host_the_site_has_not_allowed_is_refused_at_sbatch_naming_line_and_key(
+    lua: LuaParser,
+) -> None:
+    """Both parsers, each form that reaches a URL (a #BB_LUA source and destination, a #DW
+    stage_in source, NNF's copy_in): the error names the line, the host:port and the key
+    the administrator may set; the same words on both sides."""
+    text = (
+        "#!/bin/bash\n"
+        "#BB_LUA stage_in source=https://data.example.org:8443/ok destination=/fast/ok\n"
+        "#BB_LUA stage_in source=https://other.example.org/x destination=/fast/x\n"
+        "#DW stage_in source=sftp://u@Other.example.org:2200/y destination=$DW_JOB_STRIPED/y"
+        " type=file\n"
+        "#DW copy_in source=https://data.example.org/z destination=$DW_JOB_STRIPED/z\n"
+        "#BB_LUA stage_out source=$BB_SCRATCH/o destination=sftp://dtn.example.org:22/o\n"
+    )
+    result = parse(text)
+    assert [(e["line"], e["code"]) for e in result["errors"]] == [
+        (n, "host-not-allowed") for n in (3, 4, 5, 6)
+    ], result["errors"]
+    messages = [e["message"] for e in result["errors"]]
+    assert messages[0] == (
+        'line 3: stage_in: host other.example.org:443 in source "https://other.example.org/x"'
+        ' is not allowed on this site: the administrator may add "other.example.org:443" to'
+        " [https] allowed_hosts in the daemon config"
+    )
+    assert '"other.example.org:2200" to [sftp] allowed_hosts' in messages[1]
+    assert '"data.example.org:443" to [https] allowed_hosts' in messages[2]
+    assert 'destination "sftp://dtn.example.org:22/o"' in messages[3]
+    assert lua.parse(text) == result
+
+
+@pytest.mark.parametrize("name", LUAS)
+def test_without_allowed_hosts_no_host_is_taken(name: str, tmp_path: Path, enabled: None) -> None:
+    """Unset or empty ``allowed_hosts``: none (as the worker's check)."""
+    movers.check_settings({"https": {"allowed_hosts": []}})
+    site = tmp_path / "bbstage_site.lua"
+    site.write_text(luainstall.site_lua(Config(), "test"))
+    assert site.read_text().count("hosts = { }") == 2
+    parser = LuaParser(name, site)
+    try:
+        for location in ("https://data.example.org:8443/x", "sftp://host/x"):
+            result = parse(script(location))
+            assert [e["code"] for e in result["errors"]] == ["host-not-allowed"]
+            assert parser.parse(script(location)) == result
+    finally:
+        parser.close()

@@ -26,12 +26,12 @@ BAD_VERB = "line 3: unknown verb"
 
 
 def install(
-    tmp: Path, *args: str, path: str | None = None, backends: str = ""
+    tmp: Path, *args: str, path: str | None = None, backends: str = "", tables: str = ""
 ) -> subprocess.CompletedProcess[str]:
     config = tmp / "bbstage.toml"
     enabled = f"[backends]\nenabled = {backends}\n" if backends else ""
     config.write_text(
-        f'[daemon]\nsocket = "{tmp}/control.sock"\nstate_dir = "{tmp}/state"\n{enabled}'
+        f'[daemon]\nsocket = "{tmp}/control.sock"\nstate_dir = "{tmp}/state"\n{enabled}{tables}'
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if path is not None:
@@ -217,3 +217,32 @@ def test_the_installed_hooks_take_the_enabled_backends_schemes(lua: str, tmp_pat
             text=True,
         )
         assert res.stdout.startswith(expected), (enabled, res)
+
+
+@pytest.mark.parametrize("lua", ["lua5.1", "lua5.4"])
+def test_the_installed_hooks_take_only_the_sites_allowed_hosts(lua: str, tmp_path: Path) -> None:
+    """main.luac carries ``[https] allowed_hosts`` as the config says when install-lua ran:
+    an https:// source on a listed host is accepted at sbatch, another refused naming the
+    line, the host:port and the key; after the list changes, install-lua again."""
+    plugin = tmp_path / "burst_buffer_lua.so"
+    plugin.write_bytes(PLUGIN_54.replace(b"5.4", version(lua).encode()))
+    job = tmp_path / "job.sh"
+    job.write_text(
+        "#!/bin/sh\n#BB_LUA stage_in source=https://Data.example.org/k destination=/b\ntrue\n"
+    )
+    call = REPO / "tests" / "lua" / "call_hook.lua"
+    for hosts, expected in (('["data.example.org"]', "rc=0\n"), ('["data.example.org:8443"]', (
+        "rc=-1\nline 2: stage_in: host data.example.org:443 in source"
+        ' "https://Data.example.org/k" is not allowed on this site: the administrator may add'
+        ' "data.example.org:443" to [https] allowed_hosts in the daemon config'
+    ))):  # fmt: skip
+        tables = f"[https]\nallowed_hosts = {hosts}\n"
+        out = install(tmp_path, "--slurm-plugin", str(plugin), backends='["https"]', tables=tables)
+        assert out.returncode == 0, out.stderr
+        assert (tmp_path / "etc" / "bbstage" / "main.luac").exists()
+        res = subprocess.run(
+            [interpreter(lua), str(call), str(tmp_path / "etc"), "slurm_bb_job_process", str(job)],
+            capture_output=True,
+            text=True,
+        )
+        assert res.stdout.startswith(expected), (hosts, res)

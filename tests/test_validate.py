@@ -6,6 +6,10 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
+from bbstage import movers
+from bbstage.cli.main import main
 from bbstage.cli.validate import run
 
 GOOD = """#!/bin/bash
@@ -156,3 +160,31 @@ def test_refused_dw_line_names_it(tmp_path: Path) -> None:
     code, out, err = _run(script)
     assert code == 1 and out == ""
     assert err == (f"{script}: line 3: #DW swap: bbstage gives no swap space: remove the line\n")
+
+
+def test_a_url_to_a_host_the_site_has_not_allowed_names_line_host_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bbstage validate` reads the site's config (--config) as the daemon does: its enabled
+    backends and their ``allowed_hosts``, so it refuses what sbatch would."""
+    config = tmp_path / "bbstage.toml"
+    config.write_text(
+        '[backends]\nenabled = ["https"]\n[https]\nallowed_hosts = ["data.example.org"]\n'
+    )
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        "#BB_LUA stage_in source=https://data.example.org/a destination=/fast/a\n"
+        "#BB_LUA stage_in source=https://data.example.org:8443/b destination=/fast/b\n"
+    )
+    try:
+        code = main(["--config", str(config), "validate", str(script)])
+    finally:
+        movers.enable([])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err == (
+        f"{script}: line 3: stage_in: host data.example.org:8443 in source"
+        ' "https://data.example.org:8443/b" is not allowed on this site: the administrator may'
+        ' add "data.example.org:8443" to [https] allowed_hosts in the daemon config\n'
+    )

@@ -72,6 +72,8 @@ def schemes_lua() -> str:
     def value(v: object) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"
+        if isinstance(v, frozenset):  # a set: { ["a"] = true }, looked up, never walked
+            return "{ " + "".join(f"[{lua_string(str(k))}] = true, " for k in sorted(v)) + "}"
         return str(v) if isinstance(v, int) else lua_string(str(v))
 
     rows = []

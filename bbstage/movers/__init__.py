@@ -53,6 +53,7 @@ assert list(known_implementations) == sorted(known_implementations)  # as fsspec
 ALWAYS = ("posix", "s3")  # enabled without a word in the config (bbstage's first backends)
 _registry: dict[str, type[Backend]] = {}  # imported classes, by kind
 _enabled: set[str] = set(ALWAYS)
+_settings: dict[str, dict[str, Any]] = {}  # the daemon config's backend tables (check_settings)
 
 
 def register_implementation(kind: str, cls: type[Backend] | str, clobber: bool = False) -> None:
@@ -92,6 +93,7 @@ def enable(kinds: Iterable[str]) -> None:
         raise TransferError(f"[backends] enabled: unknown {unknown} (known: {known})")
     _enabled.clear()
     _enabled.update(ALWAYS, kinds)
+    _settings.clear()
 
 
 def enabled() -> list[str]:
@@ -100,24 +102,29 @@ def enabled() -> list[str]:
 
 
 def url_rules() -> dict[str, UrlRule]:
-    """Scheme -> its ``UrlRule``, for each enabled backend served through URLs (the
-    directive parsers: ``bbstage.directives`` and, via ``bbstage_site.lua``, the Lua one)."""
+    """Scheme -> its ``UrlRule`` with the site's values (``Backend.site_rule``: the hosts
+    ``allowed_hosts`` lists), for each enabled backend served through URLs (the directive
+    parsers: ``bbstage.directives`` and, via ``bbstage_site.lua``, the Lua one)."""
     rules: dict[str, UrlRule] = {}
     for kind in enabled():
         cls = backend(kind)
-        if cls.url_rule is not None and kind in cls.schemes:
-            rules[kind] = cls.url_rule
+        rule = cls.site_rule(_settings.get(cls.section or "", {}))
+        if rule is not None and kind in cls.schemes:
+            rules[kind] = rule
     return rules
 
 
 def check_settings(sections: dict[str, dict[str, Any]]) -> None:
     """Check each enabled backend's table of the daemon config (``[s3]``, ``[gs]``...);
-    ``TransferError`` names what is wrong. Backends are imported only here, when a config is
-    read for a daemon, and when a transfer needs them."""
+    ``TransferError`` names what is wrong. The tables are then this process's, for the URL
+    rules (``url_rules``) until the next ``enable``. Backends are imported only here, when a
+    config is read for a daemon, and when a transfer needs them."""
     for kind in enabled():
         cls = backend(kind)
         if cls.section is not None:
             cls.check_settings(dict(sections.get(cls.section, {})))
+    _settings.clear()
+    _settings.update((name, dict(table)) for name, table in sections.items())
 
 
 def options_for(

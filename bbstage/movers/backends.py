@@ -27,7 +27,7 @@ No module outside a backend names a scheme (``tests/unit/test_layout.py`` checks
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from bbstage.movers.base import BackendOptions, TransferError
@@ -39,7 +39,11 @@ class UrlRule:
     ``authority`` (a bucket, a container, a host) has ``low``-``high`` characters of
     ``chars`` (ranges such as ``"a-z"`` or single characters), starting and ending with one
     of ``ends``; ``what`` names it in messages (``S3 bucket``) and ``rules`` says the rule in
-    words. ``utf8``: the path must be UTF-8 text (object keys are)."""
+    words. ``utf8``: the path must be UTF-8 text (object keys are).
+
+    A rule whose authority names a host to reach (``[user@]host[:port]``, ``port`` its
+    default port) takes only the ``hosts`` the site lists (``"host:port"``, lower-case), in
+    the daemon config's ``key`` (``Backend.site_rule`` fills them in)."""
 
     what: str
     rules: str
@@ -48,6 +52,9 @@ class UrlRule:
     low: int
     high: int
     utf8: bool = True
+    port: int | None = None
+    hosts: frozenset[str] = frozenset()
+    key: str = ""
 
     def regex(self) -> re.Pattern[str]:
         """The authority rule as a Python regular expression (``fullmatch``)."""
@@ -60,6 +67,22 @@ class UrlRule:
     def check(self, authority: str) -> bool:
         return self.low <= len(authority) <= self.high and bool(self.regex().fullmatch(authority))
 
+    def host(self, authority: str) -> str:
+        """``authority`` (``[user@]host[:port]``, or an ``allowed_hosts`` entry) as the
+        ``"host:port"`` it reaches: lower-case, the default port if none, no leading zeros
+        (the Lua parser computes the same with string functions)."""
+        where = authority.rpartition("@")[2].lower()
+        m = re.fullmatch(r"(.*):0*([0-9]+)", where)
+        return f"{m[1]}:{m[2]}" if m else f"{where}:{self.port}"
+
+    def refused_host(self, authority: str) -> str | None:
+        """The ``"host:port"`` of ``authority`` if the site has not listed it, else None
+        (None too for a rule that names no host to reach)."""
+        if self.port is None:
+            return None
+        name = self.host(authority)
+        return None if name in self.hosts else name
+
     def lua(self) -> dict[str, Any]:
         """The same rule for ``lua/bbstage/directives.lua``, as Lua patterns."""
 
@@ -67,7 +90,7 @@ class UrlRule:
             return "[" + "".join(i if len(i) == 3 or i.isalnum() else "%" + i for i in items) + "]"
 
         ends, chars = cls(self.ends), cls(self.chars)
-        return {
+        rule: dict[str, Any] = {
             "what": self.what,
             "rules": self.rules,
             "utf8": self.utf8,
@@ -76,6 +99,9 @@ class UrlRule:
             "one": f"^{ends}$",
             "many": f"^{ends}{chars}*{ends}$",
         }
+        if self.port is not None:  # a set: hosts["host:port"] == true
+            rule.update(port=self.port, key=self.key, hosts=self.hosts)
+        return rule
 
 
 class Backend:
@@ -85,6 +111,9 @@ class Backend:
     name: ClassVar[str]  # its name in the registry and in messages: "s3", "posix"
     schemes: ClassVar[tuple[str, ...]] = ()  # URL schemes it serves ("az", "abfs")
     url_rule: ClassVar[UrlRule | None] = None  # None: a local path
+    # its URLs name a host to reach, by default on this port: only the hosts its table's
+    # allowed_hosts lists (checked at sbatch by site_rule's rule, and again when connecting)
+    port: ClassVar[int | None] = None
     section: ClassVar[str | None] = None  # its table of the daemon config
     directive_keys: ClassVar[frozenset[str]] = frozenset()  # extra directive keys (profile=)
     env: ClassVar[tuple[str, ...]] = ()  # daemon environment variables its workers may see
@@ -101,6 +130,20 @@ class Backend:
     def check_settings(cls, raw: dict[str, Any]) -> None:
         """Check this backend's table of the daemon config; raise ``TransferError`` naming
         what is wrong. Nothing to check by default."""
+
+    @classmethod
+    def site_rule(cls, settings: dict[str, Any]) -> UrlRule | None:
+        """``url_rule`` with this site's values from this backend's table of the config
+        (``settings``), as the directive parsers check it at ``sbatch``: for a backend whose
+        URLs name a host to reach (``port``), the hosts ``allowed_hosts`` lists (entries
+        ``host`` or ``host:port``, checked by ``check_settings``). The worker checks the host
+        again before it connects: the config may change while a job waits."""
+        rule = cls.url_rule
+        if rule is None or cls.port is None:
+            return rule
+        rule = replace(rule, port=cls.port, key=f"[{cls.section}] allowed_hosts")
+        hosts = frozenset(rule.host(str(e).strip()) for e in settings.get("allowed_hosts", []))
+        return replace(rule, hosts=hosts)
 
     @classmethod
     def options(

@@ -4,8 +4,8 @@
 -- slurmctld compiles this on every submission: keep it short (messages live in one string).
 local M = {}
 local _, site = ... -- burst_buffer.lua's module loader passes bbstage_site.lua's table
-local find, sub, byte, match, upper, format = string.find, string.sub, string.byte, string.match,
-	string.upper, string.format
+local find, sub, byte, match, upper, lower, format = string.find, string.sub, string.byte, string.match,
+	string.upper, string.lower, string.format
 local gsub, unpack, error, pcall, type, tonumber = string.gsub, table.unpack or unpack, error, pcall, type,
 	tonumber
 local ipairs, pairs, select, tostring = ipairs, pairs, select, tostring
@@ -72,6 +72,7 @@ unknown-variable	"%s" in %s: only a leading $BB_SCRATCH, $DW_JOB_STRIPED, $DW_JO
 bad-scheme	unsupported scheme in %s "%s": use an absolute path, $BB_SCRATCH/..., or %s
 bad-bucket/key	%s "%s" has no key part: write %s/ for a whole %s or %s/key
 bad-bucket	bad %s in %s "%s": %s
+host-not-allowed	host %s in %s "%s" is not allowed on this site: the administrator may add "%s" to %s in the daemon config
 non-utf8	byte 0x%02x in %s "%s" is not UTF-8 and %s keys are UTF-8 text: save the script as UTF-8 (iconv -f LATIN1 -t UTF-8) or rename the key
 relative-path	relative path "%s" in %s: use an absolute path, $BB_SCRATCH/..., or %s
 dot-dot	".." component in %s "%s": write the path without ..
@@ -324,6 +325,13 @@ local function location(v, role, verb, st) -- kind, tree, glob, location ($DW_JO
 		local b = sub(v, start, slash - 1)
 		if #b < r.low or #b > r.high or not (find(b, r.one) or find(b, r.many)) then
 			fail("bad-bucket", r.what, role, v, r.rules)
+		end
+		if r.port then -- the site's allowed_hosts: [user@]host[:port] as "host:port", lower-case
+			local hp = lower(match(b, "[^@]*$"))
+			local h, p = match(hp, "^(.*):0*(%d+)$")
+			if not h then h, p = hp, r.port end
+			local name = h .. ":" .. p
+			if not r.hosts[name] then fail("host-not-allowed", name, role, v, name, r.key) end
 		end
 		kind, path = scheme, sub(v, slash)
 		local bad = r.utf8 and non_utf8(v)
