@@ -26,6 +26,7 @@ from bbstage.daemon.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.daemon.state import (
     FINISHED,
     UNFINISHED,
+    AttemptRow,
     AttemptState,
     DirectiveRow,
     DirectiveState,
@@ -182,6 +183,37 @@ class Engine:
                 if d.verb == COPY and d.state in UNFINISHED:
                     log.info("resuming", job_id=job.job_id, copy=d.idx)
                     self._start(job, d)
+
+    # -- reads, for the servers and the reconciler: no module outside the engine holds its
+    # store (tests/unit/test_layout.py), so every change of a record is the engine's --------
+
+    def job(self, job_id: str) -> JobRow | None:
+        """The job and its directives (a row shared with other readers: read only)."""
+        return self.store.job(job_id)
+
+    def jobs(
+        self, states: tuple[str, ...] | None = None, updated_since: float | None = None
+    ) -> list[JobRow]:
+        """Jobs in ``states`` (all if None), last updated at or after ``updated_since`` if
+        given, oldest first (read only)."""
+        return self.store.jobs(states, updated_since)
+
+    def jobs_of(self, uid: int | None) -> list[JobRow]:
+        """``uid``'s jobs (every job for None), oldest first, in one read transaction of
+        their own (``bbstage jobs``: call it in a thread)."""
+        return self.store.jobs_of(uid)
+
+    def attempts(self, job_id: str) -> list[AttemptRow]:
+        """The job's transfer attempts, by directive, oldest first."""
+        return self.store.attempts(job_id)
+
+    def nodes(self) -> dict[str, list[str]]:
+        """Job id → the transfer nodes its attempts ran on."""
+        return self.store.nodes()
+
+    def pools(self) -> dict[str, dict[str, int]]:
+        """Each pool's capacity and what the jobs not yet finished hold of it."""
+        return report.pools(self.config, self.store)
 
     # -- in-job copies (bbstage copy) -----------------------------------------------------------
 

@@ -206,7 +206,7 @@ def _failed_here(engine: Engine, job_id: str) -> bool:
     """Did the daemon record a failed stage-in for the job (which it answers as an error, with
     a message)? A job it has no record of, or whose transfers were only cancelled (the
     teardown that follows Slurm's hold), did not fail here."""
-    job = engine.store.job(job_id)
+    job = engine.job(job_id)
     return job is not None and any(
         d.verb == "stage_in" and d.state == DirectiveState.FAILED for d in job.directives
     )
@@ -259,9 +259,9 @@ async def once(
     missing = {} if missing is None else missing
     stranded = {} if stranded is None else stranded
     released = set() if released is None else released
-    jobs = engine.store.jobs(BEFORE_RUN + AFTER_RUN)
+    jobs = engine.jobs(BEFORE_RUN + AFTER_RUN)
     since = time.time() - STRANDED_WATCH
-    cancelled = engine.store.jobs((JobState.CANCELLED,), updated_since=since)
+    cancelled = engine.jobs((JobState.CANCELLED,), updated_since=since)
     if not jobs and not cancelled:
         missing.clear()
         stranded.clear()
@@ -309,7 +309,7 @@ class Pace:
 async def stage_ins(engine: Engine, pace: Pace | None = None) -> list[str]:
     """Tear down the jobs being staged in that Slurm says will never run (one `squeue`, none
     if no job is being staged in, timed by ``pace``); their ids."""
-    jobs = engine.store.jobs((JobState.STAGING_IN,))
+    jobs = engine.jobs((JobState.STAGING_IN,))
     if not jobs:
         return []
     conf = str(engine.config.slurm_conf) if engine.config.slurm_conf else None

@@ -164,19 +164,19 @@ class Server:
         if request.op == "ping":
             return protocol.encode_user_reply(OK, result={"uid": uid})
         if request.op == "status":
-            job = engine.store.job(request.job_id)
+            job = engine.job(request.job_id)
             if job is None or not report.may_see(admin, uid, job):
                 return protocol.encode_user_reply(
                     ERROR, message=f"job {request.job_id}: no staging job of yours with this id"
                 )
-            status = report.job_status(job, engine.store.attempts(job.job_id), self._why)
+            status = report.job_status(job, engine.attempts(job.job_id), self._why)
             return protocol.encode_user_reply(OK, result=status)
         if request.op in ("copy", "cancel"):
             return await self._copy(request, uid, origin)
         if request.op == "jobs":
             # Every job kept for retention_days: read in a thread, not on the hooks' loop.
             return await asyncio.to_thread(self._jobs, uid)
-        return protocol.encode_user_reply(OK, result=report.pools(self.config, engine.store))
+        return protocol.encode_user_reply(OK, result=engine.pools())
 
     async def _copy(self, request: protocol.Request, uid: int, origin: str | None) -> bytes:
         """``copy`` (start an in-job copy, or add one --at-end) and ``cancel``: only for the
@@ -184,7 +184,7 @@ class Server:
         ``job_check = "slurm"``, which also checks that a request over the network API came
         from one of the job's nodes)."""
         engine, job_id = self.engine, request.job_id
-        job = engine.store.job(job_id)
+        job = engine.job(job_id)
         if job is None or job.uid != uid:
             return protocol.encode_user_reply(
                 ERROR, message=f"job {job_id}: no staging job of yours with this id"
@@ -207,7 +207,7 @@ class Server:
                 why = await jobcheck.running_as(job_id, uid, conf, origin)
                 if why is not None:
                     raise Refused(why)
-                job = engine.store.job(job_id) or job
+                job = engine.job(job_id) or job
             d = engine.add_copy(job, source, destination, options, request.get("at_end") is True)
         except (Refused, ProtocolError) as exc:
             return protocol.encode_user_reply(ERROR, message=f"{request.op}: {exc}")
@@ -216,9 +216,9 @@ class Server:
     def _jobs(self, uid: int) -> bytes:
         """The ``jobs`` reply: the caller's own jobs (selected in SQL), every job for root
         and the admin group."""
-        store = self.engine.store
-        jobs = store.jobs_of(None if report.is_admin(self.config.admin_group, uid) else uid)
-        summary = report.jobs_summary(jobs, store.nodes(), self._why)
+        engine = self.engine
+        jobs = engine.jobs_of(None if report.is_admin(self.config.admin_group, uid) else uid)
+        summary = report.jobs_summary(jobs, engine.nodes(), self._why)
         return protocol.encode_user_reply(OK, result=summary)
 
     def _why(self, key: str) -> str | None:

@@ -227,3 +227,37 @@ def test_no_module_outside_a_backend_names_a_scheme() -> None:
                 if node.value in schemes or names.search(node.value):
                     found.append(f"{rel}:{node.lineno}: {node.value[:60]!r}")
     assert not found, "name a backend outside it (ask the registry instead):\n" + "\n".join(found)
+
+
+# The modules that may hold the engine's store: the engine, and the store itself.
+HOLD_THE_STORE = {"bbstage.daemon.engine", "bbstage.daemon.state"}
+
+
+def engine_store_uses(source: str) -> list[int]:
+    """The lines of ``source`` that reach an engine's store: ``.store`` on anything named
+    an engine (``engine.store``, ``self.engine.store``, ``self._engine.store``)."""
+    return sorted(
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute)
+        and node.attr == "store"
+        and "engine" in ast.unparse(node.value).lower()
+    )
+
+
+def test_only_the_engine_reaches_its_store() -> None:
+    """The engine acts on the job records (its transitions, one writer); the reconciler and
+    the servers read through it (``Engine.job``, ``Engine.jobs``, ...), never through
+    ``engine.store``: a module holding the store could write a record behind its back."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for name, path in modules().items()
+        if name not in HOLD_THE_STORE
+        for line in engine_store_uses(path.read_text())
+    ]
+    assert not found, "read through the engine, not its store:\n" + "\n".join(found)
+
+
+def test_the_store_checker_sees_the_engines_store() -> None:
+    source = "a = engine.store.job(1)\nb = self.engine.store\nc = self.store\nd = store.jobs()\n"
+    assert engine_store_uses(source) == [1, 2]

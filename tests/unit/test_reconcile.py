@@ -17,24 +17,29 @@ from bbstage.daemon.state import DirectiveState
 
 
 class FakeEngine:
+    """What the reconciler may use of the engine: its reads (``job``, ``jobs``) and acts
+    (``end_job``, ``fail_job``); no store."""
+
     def __init__(self, jobs: dict[str, str], stage_in: dict[str, str] | None = None) -> None:
-        self.jobs = jobs
+        self.states = jobs  # job id → its state
         self.stage_in = stage_in or {}  # job id → the state of its one stage_in directive
         self.torn: list[str] = []
         self.errors: dict[str, str] = {}
-        made = time.time()
+        self.made = time.time()
         self.config = SimpleNamespace(slurm_conf=None)
-        self.store = SimpleNamespace(
-            jobs=lambda states, updated_since=None: [
-                SimpleNamespace(job_id=i, state=s, updated=made)
-                for i, s in self.jobs.items()
-                if s in states and (updated_since is None or made >= updated_since)
-            ],
-            job=self.job,
-        )
+
+    def jobs(
+        self, states: tuple[str, ...] | None = None, updated_since: float | None = None
+    ) -> list[SimpleNamespace]:
+        return [
+            SimpleNamespace(job_id=i, state=s, updated=self.made)
+            for i, s in self.states.items()
+            if (states is None or s in states)
+            and (updated_since is None or self.made >= updated_since)
+        ]
 
     def job(self, job_id: str) -> SimpleNamespace | None:
-        if job_id not in self.jobs:
+        if job_id not in self.states:
             return None
         states = [self.stage_in.get(job_id, "done")]
         return SimpleNamespace(
@@ -42,13 +47,13 @@ class FakeEngine:
         )
 
     def fail_job(self, job_id: str, error: str) -> None:
-        self.jobs[job_id] = "failed"
+        self.states[job_id] = "failed"
         self.errors[job_id] = error
 
     async def end_job(self, job_id: str, hurry: bool) -> None:
         assert hurry
         self.torn.append(job_id)
-        self.jobs[job_id] = "cancelled"
+        self.states[job_id] = "cancelled"
 
 
 SCANCELLED: list[str] = []
@@ -139,8 +144,8 @@ def test_a_stranded_job_is_cancelled_in_slurm_after_the_grace(
     clock[0] += 2
     assert run(engine, squeue, {}, stranded) == ["9"]
     assert SCANCELLED == ["9"]
-    assert engine.jobs["9"] == "failed" and "submit it again" in engine.errors["9"]
-    assert engine.jobs["10"] == "cancelled"  # an scancel: Slurm says CANCELLED
+    assert engine.states["9"] == "failed" and "submit it again" in engine.errors["9"]
+    assert engine.states["10"] == "cancelled"  # an scancel: Slurm says CANCELLED
     assert run(engine, squeue, {}, stranded) == []  # once
 
 
@@ -189,7 +194,7 @@ def test_a_job_cancelled_in_stage_in_is_torn_down_by_the_quick_check(
     # 21 is not listed (an array task squeue cannot find yet): the whole pass judges it.
     assert asyncio.run(reconcile.stage_ins(engine)) == ["20"]  # type: ignore[arg-type]
     assert asked == [["20", "21"]]  # only the jobs being staged in
-    engine.jobs = {"22": "running"}
+    engine.states = {"22": "running"}
     assert asyncio.run(reconcile.stage_ins(engine)) == []  # type: ignore[arg-type]
     assert len(asked) == 1  # nothing staged in: no squeue
 
