@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 from bbstage.movers.backends import Backend, UrlRule
 from bbstage.movers.base import BackendOptions, TransferError
 
-Into = Callable[[int, bytes], None]  # where a range's bytes go: (offset in the file, bytes)
+Into = Callable[[int, bytes], None]  # where a range's bytes go: (their offset in the file, bytes)
 RANGE_PIECE = 1 << 20  # a streamed range's bytes are handed on in pieces of up to this
 
 
@@ -129,9 +129,10 @@ class StoreBackend(Backend):
     @classmethod
     def read_range(cls, fs: Any, path: str, start: int, end: int, into: Into) -> int:
         """Read bytes ``start`` to ``end`` of ``path`` and hand them to ``into(offset,
-        data)``, in order, in one piece or several; the number of bytes read (fewer than
-        asked: the caller says the read was short). Each call its own request, so ranges
-        are read at once from several threads."""
+        data)``, in one piece or several, each at its offset (not always in order: SFTP's
+        parallel reads); the number of bytes read (fewer than asked: the caller says the
+        read was short). Each call its own request, so ranges are read at once from several
+        threads."""
         data = fs.cat_file(path, start, end)
         into(start, data)
         return len(data)
@@ -378,7 +379,10 @@ class SFTPBackend(StoreBackend):
     name, schemes, section, protocol = "sftp", ("sftp",), "sftp", "sftp"
     atomic_put = False
     port = 22
-    ranges = (32 << 20, 4)  # against 8 x 8, 16 x 4, 64 x 2 at 256 MiB: the closest to rclone
+    # 32 MiB x 4, each read in parallel blocks (read_range): 1 GiB, 3 runs each beside rclone's
+    # 287-308 MB/s: 32 x 4 606 MB/s, 64 x 2 606, 128 x 2 623, 1024 x 1 626 (1.6 s of CPU
+    # against rclone's 3.2-3.6 s); a seeked handle's joined reads had been 240 (4.5 s)
+    ranges = (32 << 20, 4)
     settings_keys = frozenset({"allowed_hosts"})
     env = ()
     preload = ("fsspec", "sshfs")
@@ -393,12 +397,24 @@ class SFTPBackend(StoreBackend):
 
     @classmethod
     def read_range(cls, fs: Any, path: str, start: int, end: int, into: Into) -> int:
-        """Through a handle of its own, seeked (sshfs's ``cat_file`` reads whole files)."""
-        with fs.open(path, "rb") as f:
-            f.seek(start)
-            data = f.read(end - start)
-        into(start, data)
-        return len(data)
+        """asyncssh's parallel reads of the range (``read_parallel``), each block handed on
+        at its offset as it arrives (sshfs's ``cat_file`` reads whole files; a seeked
+        handle's ``read`` joins the blocks into one string first: 1 GiB 240 MB/s with 4.5 s
+        of CPU, against rclone's 280-300). The channel comes from sshfs's pool, the errors
+        through sshfs's own translation (``wrap_exceptions``)."""
+        from fsspec.asyn import sync
+        from sshfs.utils import wrap_exceptions
+
+        @wrap_exceptions
+        async def read() -> int:
+            got = 0
+            async with fs._pool.get() as channel, channel.open(path, "rb") as f:
+                async for offset, data in await f.read_parallel(end - start, start):
+                    into(offset, data)
+                    got += len(data)
+            return got
+
+        return int(sync(fs.loop, read))
 
     @classmethod
     def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
