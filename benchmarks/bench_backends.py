@@ -147,6 +147,8 @@ def main() -> None:
                                     raise
                                 errors[who] = f"{type(exc).__name__}: {exc}"[:300]
                             shutil.rmtree(out, ignore_errors=True)
+                            if direction == "up":  # untimed: the store as big as before
+                                remove(store, kind, target)
                     nbytes = big if case == "big" else small * args.files
                     row: dict[str, Any] = {
                         who: {
@@ -228,6 +230,14 @@ def run(who: str, kind: str, a: str, b: str, tree: bool, store: Any, rclone: str
         else:
             fs.get(strip(a).rstrip("/") if tree else strip(a), b, recursive=tree)
     return time.perf_counter() - started, time.process_time() + _children_cpu() - cpu
+
+
+def remove(store: Any, kind: str, url: str) -> None:
+    """Remove what an upload wrote (the emulator's cost per request grows with its objects)."""
+    try:
+        store.fs.rm(movers.backend(kind).strip(url).rstrip("/"), recursive=True)
+    except FileNotFoundError:
+        pass
 
 
 def _children_cpu() -> float:
