@@ -19,7 +19,8 @@ the string ``"module:Class"`` so that nothing is imported before it is used. It 
 * ``movers``: its fast paths, ``(source scheme, destination scheme) -> "module:Class"``;
   every other pair of enabled backends goes through the generic fsspec mover, reading and
   writing through ``filesystem`` (``bbstage.movers.implementations.generic``);
-* its capabilities (``read_only``, ``assembles_pieces``, ``local``, ``ranges``).
+* its capabilities (``read_only``, ``assembles_pieces``, ``local``, ``ranges``, ``read_range``,
+  and, written by the generic mover, ``atomic_put``, ``put_block``, ``put_blocks_max``).
 
 No module outside a backend names a scheme (``tests/unit/test_layout.py`` checks it).
 """
@@ -27,10 +28,13 @@ No module outside a backend names a scheme (``tests/unit/test_layout.py`` checks
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from bbstage.movers.base import BackendOptions, TransferError
+
+Into = Callable[[int, bytes], None]  # where a range's bytes go: (their offset in the file, bytes)
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,24 @@ class Backend:
     # a source read in byte ranges, several at once, by the generic mover (a big file into a
     # local one): (bytes per ranged read, reads at once); None: one stream per file
     ranges: ClassVar[tuple[int, int] | None] = None
+    # a store written by the generic mover (another store's data, no fast path for the
+    # pair): an object appears whole when its upload completes (written in place; False: a
+    # temporary name, renamed); a big upload's chunk if not its filesystem's own, and the
+    # store's limit on one upload's chunks
+    atomic_put: ClassVar[bool] = True
+    put_block: ClassVar[int | None] = None
+    put_blocks_max: ClassVar[int | None] = None
+
+    @classmethod
+    def read_range(cls, fs: Any, path: str, start: int, end: int, into: Into) -> int:
+        """Read bytes ``start`` to ``end`` of ``path`` and hand them to ``into(offset,
+        data)``, in one piece or several, each at its offset (not always in order: SFTP's
+        parallel reads); the number of bytes read (fewer than asked: the caller says the
+        read was short). Each call its own request, so ranges are read at once from several
+        threads."""
+        data = fs.cat_file(path, start, end)
+        into(start, data)
+        return len(data)
 
     @classmethod
     def check_settings(cls, raw: dict[str, Any]) -> None:

@@ -319,7 +319,9 @@ class GenericMover(Mover):
         target = final if atomic else localfs.temp_name(final, self.options.job_id)
         if not atomic:
             self._makedirs(task.dst, os.path.dirname(final))
-        block = getattr(self.dst.backend, "put_block", None)
+        block, most = self.dst.backend.put_block, self.dst.backend.put_blocks_max
+        if block and most:  # within the store's count of blocks for one object
+            block = max(block, -(-task.size // most))
         sized = {"block_size": block} if block else {}
         out = self._call(lambda: fs.open(target, "wb", **sized), task.dst)
         try:
