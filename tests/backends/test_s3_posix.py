@@ -23,17 +23,22 @@ from tests.s3env import S3Env, s3
 __all__ = ["s3", "stores_env"]  # the session fixtures, registered here
 
 
+def s3_store(s3: S3Env) -> Store:
+    """A fresh place in a new bucket of bbuser1's on RGW, 5 MiB parts above 8 MiB."""
+    bucket = s3.create_bucket(owner="bbuser1")
+    keys = s3.keys("bbuser1")
+    options = S3Options(
+        s3={"endpoint_url": s3.endpoint, "part_size": "5M", "multipart_threshold": "8M"},
+        credentials={"key": keys.key, "secret": keys.secret},
+    )
+    root = f"s3://{bucket}/{fresh()}"
+    return Store("s3", root, options, S3Backend.filesystem(options, root))
+
+
 class TestS3(BackendSuite):
     @pytest.fixture
     def store(self, s3: S3Env) -> Iterator[Store]:
-        bucket = s3.create_bucket(owner="bbuser1")
-        keys = s3.keys("bbuser1")
-        options = S3Options(
-            s3={"endpoint_url": s3.endpoint, "part_size": "5M", "multipart_threshold": "8M"},
-            credentials={"key": keys.key, "secret": keys.secret},
-        )
-        root = f"s3://{bucket}/{fresh()}"
-        yield Store("s3", root, options, S3Backend.filesystem(options, root))
+        yield s3_store(s3)
 
 
 class TestPosix(BackendSuite):
@@ -53,14 +58,7 @@ def test_between_s3_and_another_store_through_the_generic_mover(
     the pair, so the generic mover streams it through the worker. A file over a whole
     read's 4 MiB and over S3's multipart threshold, bytes compared both ways."""
     user_home(tmp_path, monkeypatch)
-    bucket = s3.create_bucket(owner="bbuser1")
-    keys = s3.keys("bbuser1")
-    options = S3Options(
-        s3={"endpoint_url": s3.endpoint, "part_size": "5M", "multipart_threshold": "8M"},
-        credentials={"key": keys.key, "secret": keys.secret},
-    )
-    root = f"s3://{bucket}/{fresh()}"
-    on_site = Store("s3", root, options, S3Backend.filesystem(options, root))
+    on_site = s3_store(s3)
     gen = open_store("az", stores_env, StoreOptions({}))
     cloud = next(gen)
     try:
