@@ -45,6 +45,13 @@ def store(
     yield from open_store(kind, stores_env, options)
 
 
+def random_body(n: int) -> bytes:
+    """Random bytes that never end in a carriage return: gcp-storage-emulator's multipart
+    parser drops a body's trailing one (1 random body in 256; GCS keeps it)."""
+    data = os.urandom(n)
+    return data[:-1] + b"\n" if data.endswith(b"\r") else data
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize("store", KINDS, indirect=True)
 def test_stage_in_from_each_store_and_out_to_it(store, cluster: Cluster, workdir: Path) -> None:  # type: ignore[no-untyped-def]
@@ -52,7 +59,8 @@ def test_stage_in_from_each_store_and_out_to_it(store, cluster: Cluster, workdir
     its directory; its result staged out to the store (not for https://, a source only)."""
     movers.enable(KINDS)  # this process's parser, as the daemon's
     as_user(workdir)
-    one, tree = os.urandom(3 << 20), {"t/a": os.urandom(1000), "t/sub/b": os.urandom(70_000)}
+    one = random_body(3 << 20)
+    tree = {"t/a": random_body(1000), "t/sub/b": random_body(70_000)}
     store.put("one.dat", one)
     for name, body in tree.items():
         store.put(name, body)
@@ -64,6 +72,8 @@ def test_stage_in_from_each_store_and_out_to_it(store, cluster: Cluster, workdir
         if store.read_only
         else f"#BB_LUA stage_out source={out}/result.dat destination={store.url('result.dat')}\n"
     )
+    # result.dat never ends in b"\r": gcp-storage-emulator's multipart parser drops a body's
+    # trailing b"\r" (1 random body in 256: a CI run, 22.05-gs); GCS keeps it
     jid = cluster.submit(
         workdir,
         f"""#!/bin/bash
@@ -71,7 +81,7 @@ def test_stage_in_from_each_store_and_out_to_it(store, cluster: Cluster, workdir
 #BB_LUA stage_in source={store.url("t/")} destination=$BB_SCRATCH/t/
 {stage_out}cp "$BB_SCRATCH/one.dat" {out}/one.dat
 cp -r "$BB_SCRATCH/t" {out}/t
-head -c 200000 /dev/urandom > {out}/result.dat
+{{ head -c 199999 /dev/urandom; printf x; }} > {out}/result.dat
 """,
     )
     cluster.wait_gone(jid, timeout=300)
