@@ -18,8 +18,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from bbstage.transfer import Done, Failed, TransferSpec, worker
 from tests.backends.stores import Store
 from tests.helpers import Conn
@@ -69,9 +67,17 @@ class BackendSuite:
         assert isinstance(outcome, Failed), outcome
         return outcome
 
-    def writable(self, store: Store) -> None:
-        if store.read_only:
-            pytest.skip(f"{store.kind} is read-only")
+    def writable(self, store: Store, tmp_path: Path) -> bool:
+        """Does the store take writes? A read-only one (https) must refuse a write, naming
+        why, with nothing written: for it, that refusal is the case."""
+        if not store.read_only:
+            return True
+        (tmp_path / "refused.dat").write_bytes(b"refused")
+        before = store.names()
+        failed = self.failed(self.run(store, str(tmp_path / "refused.dat"), store.url("r.dat")))
+        assert "read-only" in failed.message, failed.message
+        assert store.names() == before
+        return False
 
     # -- files --------------------------------------------------------------------------
 
@@ -83,7 +89,8 @@ class BackendSuite:
         assert (done.files, done.bytes) == (1, len(body))
 
     def test_file_out(self, store: Store, tmp_path: Path) -> None:
-        self.writable(store)
+        if not self.writable(store, tmp_path):
+            return
         body = self.data(100_000, 1)
         (tmp_path / "one.dat").write_bytes(body)
         self.done(self.run(store, str(tmp_path / "one.dat"), store.url("out/one.dat")))
@@ -132,7 +139,8 @@ class BackendSuite:
         assert done.files == len(bodies)
 
     def test_tree_out(self, store: Store, tmp_path: Path) -> None:
-        self.writable(store)
+        if not self.writable(store, tmp_path):
+            return
         src = tmp_path / "tree"
         bodies = {name: self.data(n, i) for i, (name, n) in enumerate(self.TREE.items())}
         for name, body in bodies.items():
@@ -175,7 +183,8 @@ class BackendSuite:
         assert dst.read_bytes() == new
 
     def test_overwrite_rules_into_the_store(self, store: Store, tmp_path: Path) -> None:
-        self.writable(store)
+        if not self.writable(store, tmp_path):
+            return
         store.put("ow/kept.dat", b"theirs")
         src = tmp_path / "kept.dat"
         src.write_bytes(b"mine, longer")
