@@ -61,7 +61,6 @@ class StoreBackend(Backend):
     # each backend sets its own, measured against rclone on its local server
     ranges: ClassVar[tuple[int, int] | None] = (8 << 20, 8)
     settings_keys: ClassVar[frozenset[str]] = frozenset()  # keys of its config table
-    port: ClassVar[int | None] = None  # its URLs name the host to reach, by default this port
     env = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy")
     preload = ("fsspec", "aiohttp")
 
