@@ -19,8 +19,9 @@ the string ``"module:Class"`` so that nothing is imported before it is used. It 
 * ``movers``: its fast paths, ``(source scheme, destination scheme) -> "module:Class"``;
   every other pair of enabled backends goes through the generic fsspec mover, reading and
   writing through ``filesystem`` (``bbstage.movers.implementations.generic``);
-* its capabilities (``read_only``, ``assembles_pieces``, ``local``, ``ranges``, ``read_range``,
-  and, written by the generic mover, ``atomic_put``, ``put_block``, ``put_blocks_max``).
+* its capabilities (``read_only``, ``assembles_pieces``, ``local``, ``ranges``,
+  ``read_range``, ``read``, and, written by the generic mover, ``atomic_put``,
+  ``put_block``, ``put_blocks_max``).
 
 No module outside a backend names a scheme (``tests/unit/test_layout.py`` checks it).
 """
@@ -147,6 +148,11 @@ class Backend:
         data = fs.cat_file(path, start, end)
         into(start, data)
         return len(data)
+
+    @classmethod
+    def read(cls, fs: Any, path: str) -> bytes:
+        """A small file whole, in one request (the generic mover's files of up to 4 MiB)."""
+        return bytes(fs.cat_file(path))
 
     @classmethod
     def check_settings(cls, raw: dict[str, Any]) -> None:

@@ -346,3 +346,89 @@ def test_a_server_that_answers_a_range_with_the_whole_file_is_refused(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_named(
+    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Azure blobs are read by plain GETs (``read``, ``read_range``) signed for one blob: the
+    signature lets its holder read that blob alone, for at most an hour, and write nothing.
+    A URL with a signature is a credential: the errors name the blob, never the URL (the
+    server refuses a wrong key, a blob is missing). A connection string that holds a
+    signature of its own (no key) is read with that signature."""
+    import datetime
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+    from bbstage import movers
+    from bbstage.movers.implementations import generic
+
+    home = user_home(tmp_path, monkeypatch)
+    secret = home / ".config/bbstage/azure-connection-string"
+    gen = open_store("az", stores_env, StoreOptions({}))
+    store = next(gen)
+    az = movers.backend("az")
+    try:
+        store.put("a", b"A" * 1000)
+        store.put("b", b"B")
+        fs = az.filesystem(store.options, store.url("a"))
+        a = az.strip(store.url("a"))
+        got: list[tuple[int, bytes]] = []
+        assert az.read(fs, a) == b"A" * 1000
+        assert az.read_range(fs, a, 10, 20, lambda at, data: got.append((at, data))) == 10
+        assert got == [(10, b"A" * 10)]
+
+        signed = generic._signed(fs, a)
+        assert signed is not None
+        with urllib.request.urlopen(signed) as reply:
+            assert reply.read() == b"A" * 1000
+        where, query = signed.split("?", 1)
+        expiry = datetime.datetime.fromisoformat(urllib.parse.parse_qs(query)["se"][0])
+        assert expiry <= datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+        refused = [
+            urllib.request.Request(where[: -len("a")] + "b?" + query),  # another blob
+            urllib.request.Request(
+                signed, b"x", {"x-ms-blob-type": "BlockBlob"}, method="PUT"
+            ),  # a write
+        ]
+        for request in refused:
+            with pytest.raises(urllib.error.HTTPError) as http:
+                urllib.request.urlopen(request)
+            assert http.value.code == 403, request.full_url
+        assert fs.cat_file(a) == b"A" * 1000
+
+        sig = urllib.parse.parse_qs(query)["sig"][0]
+        connection = stores_env["BBSTAGE_AZ_CONNECTION"]
+        key = dict(p.split("=", 1) for p in connection.strip(";").split(";"))["AccountKey"]
+        wrong_key = connection.replace(key, "d3Jvbmc=" + key[8:])
+        for read in (
+            lambda f, path: az.read(f, path),
+            lambda f, path: az.read_range(f, path, 0, 5, lambda at, data: None),
+        ):
+            with pytest.raises(FileNotFoundError) as missing:
+                read(fs, a + "-gone")
+            assert "sig=" not in str(missing.value) and a + "-gone" in str(missing.value)
+            secret.write_text(wrong_key)
+            with pytest.raises(PermissionError) as wrong:
+                read(az.filesystem(store.options, store.url("a")), a)
+            text = str(wrong.value)
+            assert "sig=" not in text and sig not in text and a in text, text
+            secret.write_text(connection)
+
+        account = dict(p.split("=", 1) for p in connection.strip(";").split(";"))
+        own = generate_account_sas(
+            account["AccountName"],
+            account["AccountKey"],
+            ResourceTypes(object=True),
+            AccountSasPermissions(read=True),
+            datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=10),
+        )
+        secret.write_text(f"BlobEndpoint={account['BlobEndpoint']};SharedAccessSignature={own}")
+        fs = az.filesystem(store.options, store.url("a"))
+        assert az.read(fs, a) == b"A" * 1000
+    finally:
+        secret.write_text(stores_env["BBSTAGE_AZ_CONNECTION"])
+        next(gen, None)

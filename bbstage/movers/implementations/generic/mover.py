@@ -179,11 +179,8 @@ class GenericMover(Mover):
             with os.fdopen(fd, "rb") as f:
                 data = f.read()
         else:
-            data = bytes(
-                self._call(
-                    lambda: self.src.fs(task.src).cat_file(self.src.path(task.src)), task.src
-                )
-            )
+            fs, path = self.src.fs(task.src), self.src.path(task.src)
+            data = self._call(lambda: self.src.backend.read(fs, path), task.src)
         if len(data) != task.size:
             raise TransferError(
                 f"size mismatch: read {len(data)} bytes of {task.src}, planned {task.size}",
