@@ -45,6 +45,7 @@ from bbstage.movers.backends import Backend, Into, UrlRule
 from bbstage.movers.base import BackendOptions, TransferError
 
 RANGE_PIECE = 1 << 20  # a streamed range's bytes are handed on in pieces of up to this
+HOST_ENTRY = re.compile(r"[0-9A-Za-z._-]+(?::[0-9]+)?")  # an allowed_hosts entry: host[:port]
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,11 @@ class StoreBackend(Backend):
                         ' (write ["host", "host:port"])'
                     )
                 for entry in value:
-                    try:
-                        _host_port(entry, cls.port or 0)
-                    except ValueError as exc:
+                    if not isinstance(entry, str) or not HOST_ENTRY.fullmatch(entry.strip()):
                         raise TransferError(
-                            f"daemon config [{cls.section}] allowed_hosts: {exc}"
-                        ) from None
+                            f"daemon config [{cls.section}] allowed_hosts: {entry!r} is not"
+                            " host or host:port"
+                        )
             elif not isinstance(value, str):
                 raise TransferError(f"daemon config [{cls.section}] {key}: {value!r} is not text")
         bundle = raw.get("ca_bundle")
@@ -98,19 +98,18 @@ class StoreBackend(Backend):
         (backends whose URL names the host to reach: ``port`` is its default port): a
         user's URL must not make a transfer node reach any host and port it can (a
         management network, 127.0.0.1). Checked before any connection is made."""
-        if cls.port is None:
+        rule = cls.site_rule(settings)
+        if rule is None or rule.port is None:
             return
         try:
-            where = urllib.parse.urlsplit(url)
-            wanted = ((where.hostname or "").lower(), where.port or cls.port)
+            authority = urllib.parse.urlsplit(url).netloc
         except ValueError:
-            wanted = ("", 0)
-        allowed = {_host_port(e, cls.port) for e in settings.get("allowed_hosts", [])}
-        if wanted not in allowed:
-            name = f"{wanted[0]}:{wanted[1]}"
+            authority = ""
+        refused = rule.refused_host(authority)
+        if refused is not None:
             raise TransferError(
-                f"{url}: host {name} is not allowed on this site: the administrator may add"
-                f' "{name}" to [{cls.section}] allowed_hosts in the daemon config'
+                f"{url}: host {refused} is not allowed on this site: the administrator may add"
+                f' "{refused}" to {rule.key} in the daemon config'
             )
 
     @classmethod
@@ -142,20 +141,6 @@ class StoreBackend(Backend):
     def unstrip(cls, url: str, path: str) -> str:
         """The URL of ``path`` (as the filesystem names it) on the store of ``url``."""
         return url.split("://", 1)[0] + "://" + path
-
-
-def _host_port(entry: Any, port: int) -> tuple[str, int]:
-    """An ``allowed_hosts`` entry, ``host`` or ``host:port``, as (lower-case host, port)."""
-    where = urllib.parse.urlsplit("//" + entry.strip()) if isinstance(entry, str) else None
-    try:
-        if where is None or where.path or where.username or where.query or where.fragment:
-            raise ValueError
-        host, port = where.hostname or "", where.port or port
-    except ValueError:
-        host = ""
-    if not re.fullmatch(r"[0-9a-z._-]+", host):
-        raise ValueError(f"{entry!r} is not host or host:port")
-    return host, port
 
 
 async def _get(
