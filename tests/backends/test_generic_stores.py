@@ -432,3 +432,34 @@ def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_na
     finally:
         secret.write_text(stores_env["BBSTAGE_AZ_CONNECTION"])
         next(gen, None)
+
+
+def test_an_azure_read_goes_through_the_proxy_of_the_workers_environment(
+    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site whose transfer nodes reach Azure through a proxy (``HTTP_PROXY`` and the like,
+    in the worker's environment: ``AzureBackend.env``) has the signed GETs sent through it,
+    as the SDK's own requests are: here the proxy is a listener that closes each
+    connection, so the read fails, having reached it and not Azurite."""
+    from bbstage import movers
+
+    user_home(tmp_path, monkeypatch)
+    gen = open_store("az", stores_env, StoreOptions({}))
+    store = next(gen)
+    az = movers.backend("az")
+    try:
+        store.put("a", b"through the proxy")
+        path = az.strip(store.url("a"))
+        with _listener("127.0.0.1") as (port, seen):
+            for name in ("HTTP_PROXY", "HTTPS_PROXY"):
+                monkeypatch.setenv(name, f"http://127.0.0.1:{port}")
+            fs = az.filesystem(store.options, store.url("a"))
+            with pytest.raises(TransferError) as failed:
+                az.read(fs, path)
+            assert seen, "the read did not go through the proxy"
+            assert "sig=" not in str(failed.value)
+        for name in ("HTTP_PROXY", "HTTPS_PROXY"):
+            monkeypatch.delenv(name)
+        assert az.read(az.filesystem(store.options, store.url("a")), path) == b"through the proxy"
+    finally:
+        next(gen, None)
