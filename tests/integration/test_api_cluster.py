@@ -118,7 +118,10 @@ def test_a_daemon_restart_under_an_in_job_copy_never_loses_it(
     copy ends done with every byte (resumed from the state database), or failed with its
     reason, never lost; the job's ``bbstage wait`` sees the end. Its workers are held
     (SIGSTOP) while a temporary file exists, so the signal lands mid-copy whatever the
-    machine's speed, then let go (after SIGKILL they are orphans, as after a real kill)."""
+    machine's speed, then let go (after SIGKILL they are orphans, as after a real kill).
+    The job copies again (to t1/, t2/, ...) until the test has caught one under way: a
+    copy can end between two looks (192 MiB in 91 ms was seen in CI); every copy is
+    checked."""
     api = _api(cluster)
     out = workdir / "out"
     out.mkdir()
@@ -131,10 +134,12 @@ export BBSTAGE_API={api}
 {ROOT_BBSTAGE_FIRST}mkdir "$BB_SCRATCH/t"
 for i in $(seq -w 0 47); do head -c 4194304 /dev/urandom > "$BB_SCRATCH/t/f$i"; done
 (cd "$BB_SCRATCH/t" && sha256sum f*) > {out}/expected
-id=$(bbstage copy '$BB_SCRATCH/t/' {out}/t/) || exit 3
-echo "$id" > {out}/id
-bbstage wait --timeout 240 "$id" > {out}/wait.out 2>&1
-echo $? > {out}/wait.rc
+for n in $(seq 1 40); do
+    id=$(bbstage copy '$BB_SCRATCH/t/' {out}/t$n/) || exit 3
+    bbstage wait --timeout 240 "$id" > {out}/wait$n.out 2>&1
+    echo $? > {out}/wait$n.rc
+    [ -e {out}/caught ] && break
+done
 """,
     )
     uid = pwd.getpwnam(USER).pw_uid
@@ -144,18 +149,20 @@ echo $? > {out}/wait.rc
         return list(out.rglob(".*.part"))
 
     def copying() -> list[int]:
-        pids = [p for p in worker_pids(daemon) if os.stat(f"/proc/{p}").st_uid == uid]
-        return pids if temps() and pids else []
+        if not temps():  # first: the scan of /proc takes longer
+            return []
+        return [p for p in worker_pids(daemon) if os.stat(f"/proc/{p}").st_uid == uid]
 
     frozen: list[int] = []
-    for _ in range(20):  # held while a file is still being written (it may just land)
-        frozen = wait_until(copying, 180, "the in-job copy under way")
+    for _ in range(200):  # held while a file is still being written (it may just land)
+        frozen = wait_until(copying, 180, "an in-job copy under way", every=0.005)
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         if temps():
             break
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
+    (out / "caught").touch()
     try:
         os.kill(daemon, sig)
     finally:
@@ -164,16 +171,19 @@ echo $? > {out}/wait.rc
     wait_until(lambda: process_gone(daemon), 60, f"the daemon (pid {daemon}) to stop")
     cluster.up()
     cluster.wait_gone(job, timeout=300)
-    copy = next(r for r in cluster.status(job)["directives"] if r["kind"] == "copy")
-    rc = (out / "wait.rc").read_text().strip()
-    print(f"{cluster.slurm}: the copy under a daemon {sig.name} ended {copy['state']}")
-    if copy["state"] == "failed":  # allowed: reported, with a reason, to the job too
-        assert copy["error"] and rc == "1", (copy, (out / "wait.out").read_text())
-        return
-    assert copy["state"] == "done", copy
-    assert rc == "0", (out / "wait.out").read_text()
+    copies = [r for r in cluster.status(job)["directives"] if r["kind"] == "copy"]
+    rcs = {int(p.name[4:-3]): p.read_text().strip() for p in out.glob("wait*.rc")}
+    print(f"{cluster.slurm}: {len(copies)} copies, under a daemon {sig.name}:", copies)
+    assert len(copies) == len(rcs) > 0, (copies, rcs)  # each ended, and the job saw it end
+    for copy in copies:  # failed is allowed: reported, with a reason, to the job too
+        assert copy["state"] == "done" or (copy["state"] == "failed" and copy["error"]), copy
+    failed = sum(copy["state"] == "failed" for copy in copies)
+    assert sorted(rcs.values()) == ["0"] * (len(rcs) - failed) + ["1"] * failed, rcs
     expected = dict(line.split()[::-1] for line in (out / "expected").read_text().splitlines())
-    assert {p.name: file_digest(p) for p in (out / "t").iterdir()} == expected
+    for n, rc in rcs.items():
+        if rc == "0":
+            got = {p.name: file_digest(p) for p in (out / f"t{n}").iterdir()}
+            assert got == expected, (n, (out / f"wait{n}.out").read_text())
     assert not temps()
 
 
