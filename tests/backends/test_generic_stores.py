@@ -271,7 +271,14 @@ def test_allowed_hosts_in_the_daemon_config_are_checked() -> None:
     https.check_host(
         {"allowed_hosts": ["mirror.example.org:8443"]}, "https://MIRROR.example.org:8443/a"
     )
-    for bad in ("data.example.org", ["https://x.org"], ["x.org:port"], ["x.org/a"], [443]):
+    for bad in (
+        "data.example.org",
+        ["https://x.org"],
+        ["x.org:port"],
+        ["x.org:99999"],
+        ["x.org/a"],
+        [443],
+    ):
         with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
             https.check_settings({"allowed_hosts": bad})
     for url in ("https://data.example.org:8443/a", "https://other.org/a"):
@@ -402,7 +409,8 @@ def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_na
 
         sig = urllib.parse.parse_qs(query)["sig"][0]
         connection = stores_env["BBSTAGE_AZ_CONNECTION"]
-        key = dict(p.split("=", 1) for p in connection.strip(";").split(";"))["AccountKey"]
+        account = dict(p.split("=", 1) for p in connection.strip(";").split(";"))
+        key = account["AccountKey"]
         wrong_key = connection.replace(key, "d3Jvbmc=" + key[8:])
         for read in (
             lambda f, path: az.read(f, path),
@@ -418,7 +426,6 @@ def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_na
             assert "sig=" not in text and sig not in text and a in text, text
             secret.write_text(connection)
 
-        account = dict(p.split("=", 1) for p in connection.strip(";").split(";"))
         own = generate_account_sas(
             account["AccountName"],
             account["AccountKey"],

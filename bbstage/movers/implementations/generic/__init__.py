@@ -43,7 +43,7 @@ from bbstage.movers.backends import Backend, Into, UrlRule
 from bbstage.movers.base import BackendOptions, TransferError
 
 RANGE_PIECE = 1 << 20  # a streamed range's bytes are handed on in pieces of up to this
-HOST_ENTRY = re.compile(r"[0-9A-Za-z._-]+(?::[0-9]+)?")  # an allowed_hosts entry: host[:port]
+HOST_ENTRY = re.compile(r"[0-9A-Za-z._-]+(?::([0-9]+))?")  # an allowed_hosts entry: host[:port]
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ class StoreBackend(Backend):
                         ' (write ["host", "host:port"])'
                     )
                 for entry in value:
-                    if not isinstance(entry, str) or not HOST_ENTRY.fullmatch(entry.strip()):
+                    m = HOST_ENTRY.fullmatch(entry.strip()) if isinstance(entry, str) else None
+                    if m is None or int(m[1] or 0) > 65535:
                         raise TransferError(
                             f"daemon config [{cls.section}] allowed_hosts: {entry!r} is not"
                             " host or host:port"
