@@ -155,6 +155,14 @@ class Backend:
         return bytes(fs.cat_file(path))
 
     @classmethod
+    def find(cls, fs: Any, root: str) -> dict[str, dict[str, Any]]:
+        """Every file and directory below ``root`` (a path as ``strip`` gives it, without a
+        trailing ``/``), by path, each with its info (``type``, ``size``, a modification
+        time): fsspec's ``find``. Empty when nothing is there."""
+        found: dict[str, dict[str, Any]] = fs.find(root, withdirs=True, detail=True)
+        return found
+
+    @classmethod
     def check_settings(cls, raw: dict[str, Any]) -> None:
         """Check this backend's table of the daemon config; raise ``TransferError`` naming
         what is wrong. Nothing to check by default."""

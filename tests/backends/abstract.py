@@ -129,7 +129,9 @@ class BackendSuite:
     TREE = {"a.dat": 10, "sub/b.dat": 3000, "sub/deeper/c.dat": 70_000, "sub/d.dat": 0}
 
     def test_tree_in(self, store: Store, tmp_path: Path) -> None:
+        """A tree, as its store lists it (an odd name among its files)."""
         bodies = {name: self.data(n, i) for i, (name, n) in enumerate(self.TREE.items())}
+        bodies[f"sub/{self.odd}"] = self.data(100, 9)
         for name, body in bodies.items():
             store.put(f"tree/{name}", body)
         out = tmp_path / "tree"

@@ -11,6 +11,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -388,7 +389,7 @@ def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_na
         assert az.read_range(fs, a, 10, 20, lambda at, data: got.append((at, data))) == 10
         assert got == [(10, b"A" * 10)]
 
-        signed = generic._signed(fs, a)
+        signed = generic._signed(fs, *fs.split_path(a)[:2])
         assert signed is not None
         with urllib.request.urlopen(signed) as reply:
             assert reply.read() == b"A" * 1000
@@ -438,6 +439,90 @@ def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_na
         assert az.read(fs, a) == b"A" * 1000
     finally:
         secret.write_text(stores_env["BBSTAGE_AZ_CONNECTION"])
+        next(gen, None)
+
+
+def test_an_azure_listing_is_signed_to_list_one_container_and_is_adlfss_own(
+    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tree is listed by plain GETs (``AzureBackend.find``) signed to list that container
+    alone: the signature reads no blob and lists no other container, expires within an hour,
+    and no error names it. What it finds is what adlfs's ``find`` (the SDK) finds for the
+    same tree, page after page (here 2 blobs a page): odd names, empty blobs, a blob marked
+    a directory (``hdi_isfolder``, as Data Lake and adlfs write them), the directories
+    between. A copy of the tree makes the marked directory and every file, bytes checked."""
+    import datetime
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from azure.storage.blob import BlobServiceClient
+
+    from bbstage import movers
+    from bbstage.movers.backends import Backend
+    from bbstage.movers.implementations import generic
+    from bbstage.movers.implementations.generic.side import mtime_ns
+
+    user_home(tmp_path, monkeypatch)
+    gen = open_store("az", stores_env, StoreOptions({}))
+    store = next(gen)
+    az = movers.backend("az")
+    try:
+        bodies = {f"t/{ODD}": b"odd", "t/a": b"A" * 70_000, "t/sub/deeper/b": b"B",
+                  "t/sub/empty": b"", "t/été/c": b"C", "u/not listed": b"U"}  # fmt: skip
+        for name, body in bodies.items():
+            store.put(name, body)
+        top = az.strip(store.root)  # container/prefix/
+        root, (container, prefix) = top + "t", top.split("/", 1)
+        service = BlobServiceClient.from_connection_string(stores_env["BBSTAGE_AZ_CONNECTION"])
+        service.get_blob_client(container, prefix + "t/marked").upload_blob(
+            b"", metadata={"hdi_isfolder": "true"}
+        )
+        fs = az.filesystem(store.options, store.url("t"))
+        monkeypatch.setattr(generic, "LIST_PAGE", 2)
+        found = az.find(fs, root)
+
+        def seen(listing: dict[str, dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
+            """What the mover takes from a listing: each path's type, a file's size and time."""
+            return {
+                path: (info["type"], info["size"], mtime_ns(info))
+                if info["type"] == "file"
+                else ("directory",)
+                for path, info in listing.items()
+            }
+
+        assert seen(found) == seen(Backend.find.__func__(az, fs, root))  # type: ignore[attr-defined]
+        assert found[root + "/marked"]["type"] == "directory"
+        assert {p for p, i in found.items() if i["type"] == "file"} == {
+            top + name for name in bodies if name.startswith("t/")
+        }
+
+        signed = generic._signed(fs, container, None)
+        assert signed is not None
+        where, query = signed.split("?", 1)
+        expiry = datetime.datetime.fromisoformat(urllib.parse.parse_qs(query)["se"][0])
+        assert expiry <= datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+        with urllib.request.urlopen(signed + "&restype=container&comp=list") as reply:
+            assert reply.status == 200
+        for refused in (
+            f"{where}/{urllib.parse.quote(prefix)}t/a?{query}",  # a blob's bytes
+            f"{where}-other?{query}&restype=container&comp=list",  # another container
+        ):
+            with pytest.raises(urllib.error.HTTPError) as http:
+                urllib.request.urlopen(refused)
+            assert http.value.code == 403, refused
+
+        with pytest.raises(FileNotFoundError) as missing:
+            az.find(fs, "bbstage-none-such/x")
+        assert "sig=" not in str(missing.value) and "bbstage-none-such" in str(missing.value)
+
+        out = tmp_path / "out"
+        events = BackendSuite().run(store, store.url("t/"), f"{out}/")
+        assert isinstance(events[-1], Done), events[-1]
+        got = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        assert got == {name[2:]: body for name, body in bodies.items() if name.startswith("t/")}
+        assert (out / "marked").is_dir()
+    finally:
         next(gen, None)
 
 

@@ -159,6 +159,42 @@ def test_an_azure_connection_string_readable_by_others_is_refused(
     }
 
 
+def test_an_azure_listing_page_is_read_as_adlfs_reads_one() -> None:
+    """One page of Azure's List Blobs answer, as Azure writes what Azurite does not: a name
+    with characters XML cannot hold comes percent-encoded (``Encoded="true"``); a directory
+    marker's flag may be capitalized (``Hdi_isfolder``), and adlfs's ``is_directory=false``
+    wins over it; the directories between the prefix and a blob are listed once; a page
+    that is not XML is refused, naming the listed path."""
+    from bbstage.movers.implementations.generic import _listed
+
+    page = b"""<?xml version="1.0" encoding="utf-8"?>
+<EnumerationResults ServiceEndpoint="https://a.blob.core.windows.net/" ContainerName="c">
+<Prefix>p/</Prefix><Blobs>
+<Blob><Name Encoded="true">p/x/bell%07.dat</Name><Properties>
+<Last-Modified>Sat, 28 Nov 2026 17:00:00 GMT</Last-Modified>
+<Content-Length>7</Content-Length></Properties></Blob>
+<Blob><Name>p/x/dir</Name><Properties><Content-Length>0</Content-Length></Properties>
+<Metadata><Hdi_isfolder>true</Hdi_isfolder></Metadata></Blob>
+<Blob><Name>p/y/file</Name><Properties><Content-Length>3</Content-Length></Properties>
+<Metadata><hdi_isfolder>true</hdi_isfolder><is_directory>false</is_directory></Metadata></Blob>
+</Blobs><NextMarker>2!next</NextMarker></EnumerationResults>"""
+    found: dict[str, dict[str, object]] = {}
+    assert _listed(page, "c/p/", found) == "2!next"
+    assert {path: info["type"] for path, info in found.items()} == {
+        "c/p/x/bell\x07.dat": "file",
+        "c/p/x": "directory",
+        "c/p/x/dir": "directory",
+        "c/p/y/file": "file",
+        "c/p/y": "directory",
+    }
+    assert found["c/p/x/bell\x07.dat"]["size"] == 7
+    assert str(found["c/p/x/bell\x07.dat"]["last_modified"]) == "2026-11-28 17:00:00+00:00"
+    assert _listed(page.replace(b"<NextMarker>2!next</NextMarker>", b"<NextMarker/>"),
+                   "c/p/", {}) == ""  # fmt: skip
+    with pytest.raises(TransferError, match=r"^c/p/: the store's listing is not XML"):
+        _listed(b"<html>proxy error", "c/p/", {})
+
+
 def test_backends_section_enables_schemes_and_checks_their_tables(tmp_path: Path) -> None:
     from bbstage import config
     from bbstage.directives import parse

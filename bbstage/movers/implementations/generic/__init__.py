@@ -309,6 +309,7 @@ class AzureBackend(StoreBackend):
         fs.plain_http = HTTPFileSystem(
             skip_instance_cache=True, client_kwargs={"trust_env": proxied}
         )
+        fs.container_urls = {}  # the SDK's URL of each container (_signed)
         return fs
 
     @classmethod
@@ -316,7 +317,7 @@ class AzureBackend(StoreBackend):
         """One ranged GET, signed for this blob alone (``_signed``), its body handed on as it
         arrives: the Azure SDK reads each body whole, through a Python pipeline of policies,
         twice the CPU of a plain GET on the CPUs Azurite needs too."""
-        signed = _signed(fs, path)
+        signed = _signed(fs, *fs.split_path(path)[:2])
         if signed is None:
             return super().read_range(fs, path, start, end, into)
         return _plain_get(fs, signed, path, into, start, end)
@@ -325,34 +326,115 @@ class AzureBackend(StoreBackend):
     def read(cls, fs: Any, path: str) -> bytes:
         """A small blob in one plain GET, signed as ``read_range``'s (300 x 64 KiB from
         Azurite, 8 at once: 0.12 s of CPU against the SDK's 0.23)."""
-        signed = _signed(fs, path)
+        signed = _signed(fs, *fs.split_path(path)[:2])
         if signed is None:
             return super().read(fs, path)
-        parts: list[bytes] = []
-        _plain_get(fs, signed, path, lambda _, data: parts.append(data), 0, None)
-        return b"".join(parts)
+        return _plain_body(fs, signed, path)
+
+    @classmethod
+    def find(cls, fs: Any, root: str) -> dict[str, dict[str, Any]]:
+        """The blobs below ``root``, listed by plain GETs signed for listing that container
+        alone (``_signed``), each page parsed by the standard library's XML parser
+        (``_listed``): adlfs's ``find`` has the SDK build a model of every blob before the
+        first copy starts (1,000 blobs from Azurite: 0.015 s of CPU and 0.06 s, against
+        0.15 s and 0.2 s). The SDK lists for a credential that cannot sign."""
+        container, prefix, _ = fs.split_path(root)
+        url = _signed(fs, container, None)
+        if url is None:
+            return super().find(fs, root)
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        found: dict[str, dict[str, Any]] = {}
+        marker = ""
+        while True:
+            query = {"restype": "container", "comp": "list", "include": "metadata",
+                     "maxresults": LIST_PAGE, "prefix": prefix}  # fmt: skip
+            if marker:
+                query["marker"] = marker
+            text = urllib.parse.urlencode(query, quote_via=urllib.parse.quote)
+            page = _plain_body(fs, f"{url}&{text}", root)
+            marker = _listed(page, f"{container}/{prefix}", found)
+            if not marker:
+                return found
 
 
-SIGNED_FOR = 3600  # seconds a blob's read signature is valid
+SIGNED_FOR = 3600  # seconds a signature is valid
+LIST_PAGE = 5000  # blobs per page of a listing (Azure's most)
 
 
-def _signed(fs: Any, path: str) -> str | None:
-    """The URL of blob ``path`` with a shared access signature that lets its holder read that
-    blob alone, for ``SIGNED_FOR`` seconds, made from the account key of the user's
-    connection string (or the signature the connection string holds); None when the
-    credential is neither (the SDK reads, then). Never logged: it is a credential."""
-    from azure.storage.blob import generate_blob_sas
+def _signed(fs: Any, container: str, blob: str | None) -> str | None:
+    """The URL of ``blob`` with a shared access signature that lets its holder read that
+    blob alone (``blob`` None: list ``container`` alone), for ``SIGNED_FOR`` seconds, made
+    from the account key of the user's connection string (or the signature the connection
+    string holds); None when the credential is neither (the SDK serves, then). Never
+    logged: it is a credential. The container's URL is the SDK's, a blob's name quoted as
+    the SDK quotes it: the SDK's client per blob cost 74 µs of CPU a read, this 21."""
+    from azure.storage.blob import generate_blob_sas, generate_container_sas
 
-    container, blob, _ = fs.split_path(path)
-    client = fs.service_client.get_blob_client(container, blob)
-    key = getattr(fs.service_client.credential, "account_key", None)
+    service = fs.service_client
+    if container not in fs.container_urls:
+        fs.container_urls[container] = service.get_container_client(container).url
+    base, _, own = fs.container_urls[container].partition("?")
+    if blob is not None:
+        base += "/" + urllib.parse.quote(blob, safe="~/")
+    key = getattr(service.credential, "account_key", None)
     if key:
         expiry = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=SIGNED_FOR)
-        sas = generate_blob_sas(
-            client.account_name, container, blob, account_key=key, permission="r", expiry=expiry
-        )
-        return f"{client.url}?{sas}"
-    return client.url if "?" in client.url else None
+        sas = (
+            generate_container_sas(
+                service.account_name, container, account_key=key, permission="l", expiry=expiry
+            )
+            if blob is None
+            else generate_blob_sas(
+                service.account_name, container, blob, account_key=key, permission="r",
+                expiry=expiry,
+            )
+        )  # fmt: skip
+        return f"{base}?{sas}"
+    return f"{base}?{own}" if own else None
+
+
+def _listed(page: bytes, top: str, found: dict[str, dict[str, Any]]) -> str:
+    """Add the blobs of one page of Azure's List Blobs answer (of ``top``: container/prefix)
+    to ``found`` as adlfs's ``find`` names them (``container/name``), with every directory
+    between ``top`` and each blob; the marker of the next page ("" for the last). A blob whose
+    metadata marks it a directory (``is_directory``, ``hdi_isfolder``: Data Lake's and
+    adlfs's) is one; a name with characters XML cannot hold comes percent-encoded."""
+    from email.utils import parsedate_to_datetime
+    from xml.etree import ElementTree
+
+    try:
+        answer = ElementTree.fromstring(page)
+    except ElementTree.ParseError as exc:
+        message = f"{top}: the store's listing is not XML ({exc})"
+        raise TransferError(message, permanent=False) from None
+    container = top.split("/", 1)[0]
+    for blob in answer.iter("Blob"):
+        name = blob.find("Name")
+        if name is None or not name.text:
+            continue
+        text = urllib.parse.unquote(name.text) if name.get("Encoded") == "true" else name.text
+        path = f"{container}/{text}".rstrip("/")
+        found_meta = blob.find("Metadata")
+        meta = {m.tag.lower(): m.text for m in found_meta} if found_meta is not None else {}
+        flag = meta.get("is_directory") or meta.get("hdi_isfolder")
+        modified = blob.findtext("Properties/Last-Modified")
+        found[path] = {
+            "name": path,
+            "type": "directory" if flag == "true" else "file",
+            "size": int(blob.findtext("Properties/Content-Length") or 0),
+            "last_modified": parsedate_to_datetime(modified) if modified else None,
+        }
+        parent = path
+        while (parent := parent.rpartition("/")[0]).startswith(top) and parent not in found:
+            found[parent] = {"name": parent, "type": "directory", "size": 0}
+    return answer.findtext("NextMarker") or ""
+
+
+def _plain_body(fs: Any, url: str, name: str) -> bytes:
+    """The whole body of a plain GET of ``url`` (``_plain_get``)."""
+    parts: list[bytes] = []
+    _plain_get(fs, url, name, lambda _, data: parts.append(data), 0, None)
+    return b"".join(parts)
 
 
 def _plain_get(fs: Any, url: str, name: str, into: Into, start: int, end: int | None) -> int:

@@ -83,7 +83,7 @@ class GenericMover(Mover):
                         f"is a directory: {src} (end both locations with / for a tree)"
                     )
                 return [self._task(src, dst, info)]
-            found = fs.find(root.rstrip("/"), withdirs=True, detail=True)
+            found = backend.find(fs, root.rstrip("/"))
         except TransferError:
             raise
         except Exception as exc:
