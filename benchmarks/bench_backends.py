@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -124,7 +125,12 @@ def main() -> None:
                     times: dict[str, list[float]] = {"bbstage": [], "rclone": [], "fsspec": []}
                     cpu: dict[str, list[float]] = {who: [] for who in times}
                     errors: dict[str, str] = {}
+                    # each run's ratio (the two timed in the same rotation): the machine's
+                    # speed drifts between runs (the CPU seconds of one copy vary 2-5x), and
+                    # the best of each can pair a fast phase of one with a slow one of the other
+                    paired: list[float] = []
                     for rep in range(args.repeat):
+                        ran: dict[str, float] = {}
                         for who in common.rotate(list(times), rep):
                             out = work / f"out-{uuid.uuid4().hex[:6]}"
                             name = "big.dat" if case == "big" else "small/"
@@ -140,6 +146,7 @@ def main() -> None:
                                 )
                                 times[who].append(seconds)
                                 cpu[who].append(used)
+                                ran[who] = seconds
                             except subprocess.CalledProcessError as exc:  # the peer cannot
                                 errors[who] = (exc.stderr or b"").decode()[-300:].strip()
                             except Exception as exc:  # fsspec's own get/put cannot
@@ -149,6 +156,8 @@ def main() -> None:
                             shutil.rmtree(out, ignore_errors=True)
                             if direction == "up":  # untimed: the store as big as before
                                 remove(store, kind, target)
+                        if "rclone" in ran and "bbstage" in ran:
+                            paired.append(ran["rclone"] / ran["bbstage"])
                     nbytes = big if case == "big" else small * args.files
                     row: dict[str, Any] = {
                         who: {
@@ -164,6 +173,7 @@ def main() -> None:
                     row["ratio_rclone"] = (
                         min(times["rclone"]) / min(times["bbstage"]) if ok else None
                     )
+                    row["ratio_rclone_median"] = statistics.median(paired) if paired else None
                     results[f"{kind}/{case}/{direction}"] = row
                     rates = {
                         k: round(v.get("mb_per_s", 0), 1)
@@ -175,8 +185,9 @@ def main() -> None:
                         for k, v in row.items()
                         if isinstance(v, dict) and "cpu_seconds" in v
                     }
-                    print(kind, case, direction, rates, "cpu s:", used,
-                          "x rclone:", row["ratio_rclone"], flush=True)  # fmt: skip
+                    print(kind, case, direction, rates, "cpu s:", used, "x rclone:",
+                          row["ratio_rclone"], "run by run:", row["ratio_rclone_median"],
+                          flush=True)  # fmt: skip
             next(gen, None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
