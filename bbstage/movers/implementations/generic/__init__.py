@@ -265,10 +265,12 @@ class AzureBackend(StoreBackend):
     # MB/s with 0.56-0.65 s of CPU, 4 MiB 143-191 (0.7 s), 16 MiB 111-156, adlfs's 50 MiB
     # 105-153 (1.7-2.9 s); bigger when a blob would need more than Azure's 50,000 blocks
     put_block, put_blocks_max = 8 << 20, 50_000
-    # 1 GiB from Azurite in signed plain GETs (read_range), 3 runs each beside rclone's
-    # 591-715 MB/s: 16 MiB x 4 516-752 MB/s (client CPU 0.50-0.59 s), 32 x 4 571-741, 8 x 8
-    # 528-622; through the Azure SDK (cat_file) 16 x 4 had been 290-376 (2.1-2.8 s of CPU)
-    ranges = (16 << 20, 4)
+    # 1 GiB from Azurite in signed plain GETs (read_range), 8 runs each beside rclone's, the
+    # median of each run's ratio in 3 sweeps: 64 MiB x 8 1.15-1.18x (best 909 MB/s, client
+    # CPU 0.44 s), 64 x 4 1.06-1.09, 128 x 4 1.10, 32 x 8 1.08, 16 x 4 0.96-0.99 (0.50 s);
+    # 128 MiB: 64 x 8 2.1x, 16 x 4 1.9x (rclone reads it in one stream). Through the Azure
+    # SDK (cat_file), 16 x 4 had been 290-376 MB/s with 2.1-2.8 s of CPU
+    ranges = (64 << 20, 8)
 
     @classmethod
     def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
