@@ -1,9 +1,12 @@
 """The document: docs/performance.md, one section per results file in the order of
 ``SECTIONS``, then the hand-written ``## `` sections of the current document that no
-results file renders (kept as they are)."""
+results file renders (kept as they are). A section of the current document that no
+results file renders but that carries a results file's "Measured <date> UTC on" line was
+rendered from one under another title (its run count, its stores): stale, dropped."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 from common import REPO
@@ -42,22 +45,32 @@ SECTIONS: dict[str, Render] = {
 }
 
 
+STALE = re.compile(r"^Measured \d{4}-\d\d-\d\d \d\d:\d\d UTC on ")  # text.env_line's
+
+
 def _titles(lines: list[str]) -> set[str]:
     return {line for line in lines if line.startswith("## ")}
 
 
 def _foreign_sections(text: str, ours: set[str]) -> list[str]:
-    """``## `` sections of the current document that no results file rendered."""
-    kept, current, keep = [], [], False
+    """``## `` sections of the current document that no results file rendered, but those
+    a results file once rendered under another title (``STALE``)."""
+    sections: list[list[str]] = []
     for line in text.splitlines():
         if line.startswith("## "):
-            if keep:
-                kept += current
-            current, keep = [line], line not in ours
-        elif current:
-            current.append(line)
-    if keep:
-        kept += current
+            sections.append([line])
+        elif sections:
+            sections[-1].append(line)
+    kept = []
+    for section in sections:
+        if section[0] in ours:
+            continue
+        if any(STALE.match(line) for line in section):
+            print(
+                f"report.py: dropped {section[0]!r}: rendered from results before", file=sys.stderr
+            )
+            continue
+        kept += section
     return kept
 
 

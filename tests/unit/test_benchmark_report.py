@@ -34,7 +34,7 @@ def test_the_document_is_what_the_results_render_to(
         assert digest(png) == digest(DOCS / "img" / png.name), png.name
 
 
-def test_a_broken_or_unknown_result_gets_a_generic_table_and_notes_are_kept(
+def test_a_broken_or_unknown_result_gets_a_generic_table_notes_are_kept_stale_dropped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     s3 = json.loads((common.RESULTS / "s3.json").read_text())
@@ -42,17 +42,23 @@ def test_a_broken_or_unknown_result_gets_a_generic_table_and_notes_are_kept(
     (tmp_path / "s3.json").write_text(json.dumps(s3))
     (tmp_path / "extra.json").write_text(json.dumps({"title": "Extra", "n": {"x": 1.5}}))
     doc = tmp_path / "performance.md"
-    doc.write_text("# Performance\n\n## Extra\n\nold\n\n## Notes by hand\n\nkept\n")
+    doc.write_text(
+        "# Performance\n\n## Extra\n\nold\n\n## Extra, best of 3 runs\n\n| a |\n\n"
+        "Measured 2026-11-28 15:17 UTC on AMD EPYC (2 CPUs).\n\n"
+        "## Notes by hand\n\nMeasured with a script.\n\nkept\n"
+    )
     monkeypatch.setattr(results, "RESULTS", tmp_path)
     monkeypatch.setattr(document, "DOC", doc)
 
     text = document.build(plots=False)
 
-    assert "KeyError('MBps'); generic table instead" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "KeyError('MBps'); generic table instead" in err
+    assert "dropped '## Extra, best of 3 runs'" in err and "best of 3" not in text
     assert "From `benchmarks/results/s3.json` (no dedicated renderer" in text
     assert "## Extra\n\nFrom `benchmarks/results/extra.json`" in text
     assert "| n.x | 1.5 |" in text and "old" not in text  # rendered anew, not kept
-    assert text.endswith("## Notes by hand\n\nkept\n")
+    assert text.endswith("## Notes by hand\n\nMeasured with a script.\n\nkept\n")
 
 
 def test_a_ratio_that_misses_its_goal_never_reads_as_the_goal() -> None:
