@@ -339,20 +339,34 @@ def test_the_jobs_stage_out_waits_for_its_running_in_job_copies(
         (scratch / "t" / f"f{i:02d}").write_bytes(os.urandom(4 << 20))
     user_tree(scratch, uid, gid)
     env = {"BBSTAGE_API": f"127.0.0.1:{port}", "SLURM_JOB_ID": "409"}
-    assert cli(d, "copy", "$BB_SCRATCH/t/", f"{out}/t/", **env).stdout.strip() == "409:0"
+    names = sorted(f.name for f in (scratch / "t").iterdir())
 
-    def copying() -> list[int]:
-        parts = list(out.rglob(".*.part"))
-        return worker_pids(d.proc.pid) if parts else []
+    def caught(dest: Path) -> tuple[list[int]] | None:
+        """(the workers,) stopped while a file of the copy into ``dest`` is half written;
+        ([],) when that copy ended first (160 MiB may be copied between two looks); None:
+        neither yet."""
+        if list(dest.rglob(".*.part")):
+            pids = worker_pids(d.proc.pid)
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            if list(dest.rglob(".*.part")):
+                return (pids,)
+            for pid in pids:  # the file landed meanwhile: look again
+                os.kill(pid, signal.SIGCONT)
+            return None
+        return ([],) if sorted(p.name for p in dest.glob("f*")) == names else None
 
-    for _ in range(20):  # stopped while a file is still being written (it may just land)
-        stopped = wait_until(copying, 60, "the copy under way")
-        for pid in stopped:
-            os.kill(pid, signal.SIGSTOP)
-        if list(out.rglob(".*.part")):
-            break
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
+    copies: list[Path] = []
+    stopped: list[int] = []
+    while not stopped:  # another copy until one is caught under way
+        assert len(copies) < 20, "no copy caught under way in 20"
+        dest = out / f"t{len(copies)}"
+        asked = cli(d, "copy", "$BB_SCRATCH/t/", f"{dest}/", **env).stdout.strip()
+        assert asked == f"409:{len(copies)}"
+        copies.append(dest)
+        (stopped,) = wait_until(
+            lambda dest=dest: caught(dest), 60, f"the copy into {dest} to run or end"
+        )
     answer: list[tuple[int, str]] = []
     hook = threading.Thread(
         target=lambda: answer.append(d.hook("slurm_bb_data_out", "409", str(area / "job409.sh")))
@@ -366,11 +380,14 @@ def test_the_jobs_stage_out_waits_for_its_running_in_job_copies(
             os.kill(pid, signal.SIGCONT)
     hook.join(120)
     assert answer == [(0, "")]
-    for f in (scratch / "t").iterdir():
-        assert file_digest(out / "t" / f.name) == file_digest(f), f.name
+    for dest in copies:  # every copy whole, the one caught under way too
+        for f in (scratch / "t").iterdir():
+            assert file_digest(dest / f.name) == file_digest(f), dest / f.name
     status = json.loads(cli(d, "status", "--json", "409").stdout)
     assert status["state"] == "staged_out"
-    assert [(r["kind"], r["state"]) for r in status["directives"]] == [("copy", "done")]
+    assert [(r["kind"], r["state"]) for r in status["directives"]] == [("copy", "done")] * len(
+        copies
+    )
 
 
 def test_an_in_job_copy_over_the_api_must_come_from_one_of_the_jobs_nodes(
