@@ -756,9 +756,19 @@ class Campaign:
                 bad.append(f"I2: stage-in to {d.dest} says done but it is not the source")
         # Stage-outs: each destination is what the job wrote, or absent/untouched with the
         # outputs kept in scratch, and the job says why.
-        outputs = read_manifest(self.w / "ran" / f"{job.tag}.out") or {}
+        outputs = read_manifest(self.w / "ran" / f"{job.tag}.out")
+        unknown: set[str] = set()
+        if outputs is None and job.cancelled:
+            outputs, unknown = left_behind(
+                self.w / "res" / job.tag / "result.dat", self.dir / "scratch" / job.job_id / "out"
+            )
+        outputs = outputs or {}
         unverified = []
         for o in job.outs:
+            if o.label in unknown:
+                if not o.dest.startswith("s3://"):
+                    bad += check_files(Path(o.dest), o.dest.endswith("/"), None, None, "stage-out")
+                continue
             want = {
                 k.split("/", 1)[1] if "/" in k else "": (v, 0)
                 for k, v in outputs.items()
@@ -956,18 +966,21 @@ def _recorded(sig: str) -> bool:
 def check_files(
     dest: Path,
     tree: bool,
-    want: dict[str, tuple[str, int]],
+    want: dict[str, tuple[str, int]] | None,
     stale: str | None,
     what: str,
 ) -> list[str]:
     """Every file under a final name is one of ``want`` (or the stale file it replaces,
-    or nothing yet); no temporary file is left."""
+    or nothing yet); no temporary file is left. With ``want`` None (what the job wrote is
+    not known), only the second."""
     bad = []
     parent = dest if tree else dest.parent
     if parent.is_dir():
         for p in parent.rglob("*"):
             if TEMP.match(p.name):
                 bad.append(f"I3: {what} temporary file left: {p}")
+    if want is None:
+        return bad
     if tree:
         if not dest.is_dir():
             return bad
@@ -984,6 +997,21 @@ def check_files(
         if digest != want.get("", ("",))[0] and digest != stale:
             bad.append(f"I3: {what} {dest} is neither the source nor the old file (torn?)")
     return bad
+
+
+def left_behind(res: Path, scratch: Path) -> tuple[dict[str, str], set[str]]:
+    """What a job cancelled while it ran had written, in its manifest's form: the job never
+    recorded it, and its stage-out copied what was there. The sources hold it still, the
+    job being over: ``res`` and the ``out`` directory of its scratch, which the daemon keeps
+    when the stage-out failed. Once the scratch is gone (the stage-out done), what the job
+    wrote there is not known: the second value names such labels."""
+    found = {"res": sha256(res)} if res.is_file() else {}
+    if not scratch.is_dir():
+        return found, {"out"}
+    for p in sorted(scratch.rglob("*")):
+        if p.is_file():
+            found[f"out/{p.relative_to(scratch)}"] = sha256(p)
+    return found, set()
 
 
 def requeued(info: dict[str, str]) -> bool:

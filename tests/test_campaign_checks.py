@@ -1,7 +1,8 @@
 """The fault campaign's checker (tests/campaign.py) without a cluster: the manifest the job
 scripts write parses to the keys the checker expects, and ``check_files`` reports a left
 temporary file, a torn file and an unexpected file while it accepts whole files, the stale
-file an unfinished ``overwrite=always`` leaves, and nothing at all."""
+file an unfinished ``overwrite=always`` leaves, and nothing at all; and what a job cancelled
+while it ran had written is read from its sources."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.campaign import SCRIPT_TAIL, check_files, read_manifest, tree_hashes
+from tests.campaign import SCRIPT_TAIL, check_files, left_behind, read_manifest, tree_hashes
 
 
 def make_tree(root: Path) -> Path:
@@ -57,3 +58,27 @@ def test_a_single_file_may_be_the_source_the_stale_file_or_absent(tmp_path: Path
     for body, ok in ((b"new", True), (b"old", True), (b"ne", False)):
         path.write_bytes(body)
         assert (check_files(path, False, want, stale, "stage-out") == []) is ok, body
+
+
+def test_a_job_cancelled_while_it_ran_is_checked_against_what_it_left(tmp_path: Path) -> None:
+    """CI's campaign (seed 1, round 8): a job scancelled 0.4 s into its run had written
+    ``o1`` and no manifest; its stage-out copied ``o1`` and the checker called it
+    unexpected. The destination must hold what the kept scratch holds, byte for byte."""
+    scratch = make_tree(tmp_path / "scratch" / "out")
+    dest = make_tree(tmp_path / "dst")
+    found, unknown = left_behind(tmp_path / "res" / "result.dat", scratch)
+    assert unknown == set() and "res" not in found
+    want = {k.split("/", 1)[1]: (v, 0) for k, v in found.items()}
+    assert sorted(want) == ["a.dat", "sub/b.bin", "sub/empty"]
+    assert check_files(dest, True, want, None, "stage-out") == []
+    (dest / "a.dat").write_bytes(b"alp")
+    assert any("a.dat differs" in p for p in check_files(dest, True, want, None, "stage-out"))
+
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "result.dat").write_bytes(b"half")
+    found, unknown = left_behind(tmp_path / "res" / "result.dat", tmp_path / "gone")
+    assert found == {"res": hashlib.sha256(b"half").hexdigest()} and unknown == {"out"}
+    (dest / ".a.dat.bbstage-42-0123abcd.part").write_bytes(b"alp")
+    assert [p for p in check_files(dest, True, None, None, "stage-out")] == [
+        f"I3: stage-out temporary file left: {dest / '.a.dat.bbstage-42-0123abcd.part'}"
+    ]
