@@ -6,9 +6,9 @@ server on 127.0.0.1.
 Each case runs a whole transfer as a worker does (``worker.run``: plan, select, copy, the
 manifest), between the store and a local directory, and checks bytes (digests), never an
 exit code: file in and out, a tree in and out, ``checksum=``, the ``overwrite=`` rules,
-cancel (nothing left behind), a missing source's message, odd bytes in names, an empty
-file, and a file bigger than a part (``LARGE``). A read-only store (https) skips the cases
-that write to it.
+cancel (nothing left behind), a missing source's message, a tree source that is a file, odd
+bytes in names, an empty file, and a file bigger than a part (``LARGE``). A read-only store
+(https) skips the cases that write to it.
 """
 
 from __future__ import annotations
@@ -205,6 +205,17 @@ class BackendSuite:
         url = store.url("nothing/here.dat")
         failed = self.failed(self.run(store, url, str(tmp_path / "x")))
         assert "no such" in failed.message and url in failed.message, failed.message
+        assert failed.permanent
+        assert not (tmp_path / "x").exists()
+
+    def test_a_tree_source_that_is_a_file_says_so(self, store: Store, tmp_path: Path) -> None:
+        """``source=<store>/t/`` names a tree, and ``t`` is a file: the message says what to
+        fix (as a POSIX source's does), not "no such file"."""
+        store.put("nodir/t", b"a file")
+        url = store.url("nodir/t") + "/"
+        failed = self.failed(self.run(store, url, str(tmp_path / "x") + "/"))
+        want = f"not a directory: {url[:-1]} (drop the trailing / to stage a file)"
+        assert want in failed.message, failed.message
         assert failed.permanent
         assert not (tmp_path / "x").exists()
 

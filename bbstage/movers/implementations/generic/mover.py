@@ -88,9 +88,13 @@ class GenericMover(Mover):
             raise
         except Exception as exc:
             raise translate(exc, src) from None
-        if not found and not fs.isdir(root.rstrip("/")):
-            raise TransferError(f"no such file or directory: {src}")
         top = root.rstrip("/") + "/"
+        if not any(p.startswith(top) and p != top for p in found) and not fs.isdir(top[:-1]):
+            if self._call(lambda: fs.isfile(top[:-1]), src):  # find lists a file as itself
+                raise TransferError(
+                    f"not a directory: {src.rstrip('/')} (drop the trailing / to stage a file)"
+                )
+            raise TransferError(f"no such file or directory: {src}")
         tasks = [FileTask(src, dst, "dir", mode=DIR_MODE)] if self.dst.local else []
         unsized = [
             p for p, i in found.items() if i.get("type") != "directory" and i.get("size") is None

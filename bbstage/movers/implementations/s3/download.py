@@ -54,11 +54,26 @@ class S3Download(_S3Mover):
             prefix = key.rstrip("/") + "/" if key.strip("/") else ""
             first = self._run(lambda: self._list_page(bucket, prefix))
             if not first.get("Contents"):
-                raise TransferError(
-                    f"no such object: nothing under {src} (is the prefix right?)", permanent=True
-                )
+                raise self._run(lambda: self._nothing_under(src, bucket, key))
             return self._stream(bucket, prefix, first, dst.rstrip("/") or "/")
         return self._run(lambda: self._plan(src, dst, glob=glob))
+
+    async def _nothing_under(self, src: str, bucket: str, key: str) -> TransferError:
+        """The error for a tree with nothing under its prefix: an object of its name is
+        a file given as a tree, and the error says what to fix."""
+        name = key.rstrip("/")
+        if name:
+            try:
+                await self._head(bucket, name)
+                return TransferError(
+                    f"not a directory: {src.rstrip('/')} (drop the trailing / to stage a file)",
+                    permanent=True,
+                )
+            except TransferError:
+                pass  # no such object either (or none we may see): the prefix is wrong
+        return TransferError(
+            f"no such object: nothing under {src} (is the prefix right?)", permanent=True
+        )
 
     async def _plan(self, src: str, dst: str, *, glob: bool) -> list[FileTask]:
         await self._s3()
