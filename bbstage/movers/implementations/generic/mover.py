@@ -80,7 +80,8 @@ class GenericMover(Mover):
                 info = fs.info(root)
                 if info.get("type") == "directory":
                     raise TransferError(
-                        f"is a directory: {src} (end both locations with / for a tree)"
+                        f"is a directory: {src}"
+                        " (end the source and destination with / to stage a tree)"
                     )
                 return [self._task(src, dst, info)]
             found = backend.find(fs, root.rstrip("/"))
