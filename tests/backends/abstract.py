@@ -6,9 +6,9 @@ server on 127.0.0.1.
 Each case runs a whole transfer as a worker does (``worker.run``: plan, select, copy, the
 manifest), between the store and a local directory, and checks bytes (digests), never an
 exit code: file in and out, a tree in and out, ``checksum=``, the ``overwrite=`` rules,
-cancel (nothing left behind), a missing source's message, a tree source that is a file, odd
-bytes in names, an empty file, and a file bigger than a part (``LARGE``). A read-only store
-(https) skips the cases that write to it.
+cancel (nothing left behind), a missing source's message, a tree source that is a file and a
+file source that is a directory, odd bytes in names, an empty file, and a file bigger than a
+part (``LARGE``). A read-only store (https) skips the cases that write to it.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class BackendSuite:
     chunk = 4 << 20
     odd = ODD  # an adopter whose server cannot take a character names its own, and why
     resumes = True  # False: the store tells no modification time, a file is copied again
+    directories = True  # False: a path without / is whatever the server answers there
 
     def data(self, n: int, seed: int = 0) -> bytes:
         """A body for a case; an adopter whose server mangles some bytes says which, and why."""
@@ -216,6 +217,19 @@ class BackendSuite:
         failed = self.failed(self.run(store, url, str(tmp_path / "x") + "/"))
         want = f"not a directory: {url[:-1]} (drop the trailing / to stage a file)"
         assert want in failed.message, failed.message
+        assert failed.permanent
+        assert not (tmp_path / "x").exists()
+
+    def test_a_file_source_that_is_a_directory_says_so(self, store: Store, tmp_path: Path) -> None:
+        """``source=<store>/d`` names a file, and ``d`` holds files: the message says what
+        to fix, and nothing is written."""
+        if not self.directories:
+            return
+        store.put("isdir/d/a.dat", b"a file")
+        url = store.url("isdir/d")
+        failed = self.failed(self.run(store, url, str(tmp_path / "x")))
+        assert url in failed.message, failed.message
+        assert "(end the source and destination with / to stage a tree)" in failed.message
         assert failed.permanent
         assert not (tmp_path / "x").exists()
 
