@@ -35,7 +35,9 @@ from typing import Any, ClassVar
 
 from bbstage.movers.base import BackendOptions, TransferError
 
-Into = Callable[[int, bytes], None]  # where a range's bytes go: (their offset in the file, bytes)
+# where a range's bytes go: (their offset in the file, the bytes: valid during the call alone,
+# a reader may reuse its buffer)
+Into = Callable[[int, bytes | memoryview], None]
 
 
 @dataclass(frozen=True)

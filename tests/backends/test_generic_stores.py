@@ -232,8 +232,8 @@ def test_a_host_the_site_has_not_allowed_is_never_reached(
     """A user's https:// or sftp:// URL reaches only the hosts of ``[https|sftp]
     allowed_hosts``: a listener on 127.0.0.1, not listed (the local server is), sees no
     connection; the transfer fails naming the URL and the key to set. HTTPS also checks each
-    connection its client opens (a redirect's): the filesystem made for an allowed URL is
-    refused the listener's too."""
+    connection its client opens (a redirect's), and its reader of byte ranges each URL: the
+    filesystem made for an allowed URL is refused the listener's too."""
     from bbstage import movers
 
     user_home(tmp_path, monkeypatch)
@@ -259,6 +259,8 @@ def test_a_host_the_site_has_not_allowed_is_never_reached(
             fs = movers.backend(kind).filesystem(store.options, allowed)
             with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
                 fs.cat_file(url)
+            with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):  # its ranges
+                movers.backend(kind).read_range(fs, url, 0, 10, lambda at, data: None)
         assert not (tmp_path / "x").exists()
     assert not seen, "a host the site did not allow was reached"
 
@@ -320,28 +322,11 @@ def test_a_server_that_answers_a_range_with_the_whole_file_is_refused(
     ignores ``Range`` and sends the whole file (200, as Python's own http.server does) is
     refused before a byte is handed on, as a transient failure (a mirror behind it may
     answer the next try)."""
-    import http.server
-    import ssl
-
     from bbstage import movers
 
     (tmp_path / "www").mkdir()
     (tmp_path / "www" / "big").write_bytes(os.urandom(3 << 20))
-    ca = Path(stores_env["BBSTAGE_HTTPS_CA"]).parent
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(ca / "server.pem", ca / "server.key")
-    handler = type(
-        "Plain",
-        (http.server.SimpleHTTPRequestHandler,),
-        {"log_message": lambda *a: None, "protocol_version": "HTTP/1.1"},
-    )
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), lambda *a: handler(*a, directory=str(tmp_path / "www"))
-    )
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        port = server.server_address[1]
+    with _tls_server(stores_env, tmp_path / "www") as port:
         https = movers.backend("https")
         options = StoreOptions(
             {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [f"127.0.0.1:{port}"]}
@@ -352,6 +337,92 @@ def test_a_server_that_answers_a_range_with_the_whole_file_is_refused(
         with pytest.raises(TransferError, match="answered a byte range with the whole file") as e:
             https.read_range(fs, url, 1 << 20, 2 << 20, lambda at, data: handed.append(at))
         assert not e.value.permanent and handed == []
+
+
+def test_https_ranges_are_read_on_kept_connections_and_a_redirect_is_followed_checked(
+    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTPS ranges are read in the threads that ask for them (``httpget.RangeReader``): 12
+    ranges by 4 threads open no more than 4 connections, and the bytes are the file's. A
+    range the server redirects is read through fsspec's client, which follows the redirect
+    to an allowed host, and refuses one to a host the site has not allowed (a listener
+    there sees no connection)."""
+    import http.client
+
+    from bbstage import movers
+
+    https = movers.backend("https")
+    monkeypatch.setattr(https, "ranges", (1 << 20, 4))
+    opened: list[object] = []
+    connect = http.client.HTTPSConnection.connect
+
+    def counted(self: http.client.HTTPSConnection) -> None:
+        opened.append(self)
+        connect(self)
+
+    monkeypatch.setattr(http.client.HTTPSConnection, "connect", counted)
+    gen = open_store(
+        "https", stores_env, StoreOptions({"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]})
+    )
+    store = next(gen)
+    try:
+        body = os.urandom((12 << 20) - 1)
+        store.put("big", body)
+        suite = BackendSuite()
+        assert isinstance(suite.run(store, store.url("big"), str(tmp_path / "big"))[-1], Done)
+        assert (tmp_path / "big").read_bytes() == body
+        assert 1 <= len(opened) <= 4, len(opened)
+
+        with _listener("127.0.0.1") as (away, seen):
+            moves = {"/moved": store.url("big"), "/away": f"https://127.0.0.1:{away}/big"}
+
+            def do_GET(self: Any) -> None:  # noqa: N802 - http.server's name
+                self.send_response(302)
+                self.send_header("Location", moves[self.path])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            with _tls_server(stores_env, tmp_path, do_GET=do_GET) as port:
+                allowed = [*store.options.settings["allowed_hosts"], f"127.0.0.1:{port}"]
+                options = StoreOptions({**store.options.settings, "allowed_hosts": allowed})
+                fs = https.filesystem(options, f"https://127.0.0.1:{port}/")
+                got = bytearray(2 << 20)
+
+                def into(at: int, data: bytes | memoryview) -> None:
+                    got[at - (1 << 20) : at - (1 << 20) + len(data)] = data
+
+                url = f"https://127.0.0.1:{port}/moved"
+                assert https.read_range(fs, url, 1 << 20, 3 << 20, into) == 2 << 20
+                assert bytes(got) == body[1 << 20 : 3 << 20]
+                with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
+                    https.read_range(fs, f"https://127.0.0.1:{port}/away", 0, 10, into)
+        assert not seen, "a redirect reached a host the site did not allow"
+    finally:
+        next(gen, None)
+
+
+@contextlib.contextmanager
+def _tls_server(env: dict[str, str], root: Path, **methods: Any) -> Iterator[int]:
+    """Python's own HTTPS server (HTTP/1.1, ``Range`` ignored) on 127.0.0.1 with the test
+    CA's certificate, serving ``root``, its handler given ``methods``; its port."""
+    import http.server
+    import ssl
+
+    ca = Path(env["BBSTAGE_HTTPS_CA"]).parent
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(ca / "server.pem", ca / "server.key")
+    handler = type(
+        "Plain",
+        (http.server.SimpleHTTPRequestHandler,),
+        {"log_message": lambda *a: None, "protocol_version": "HTTP/1.1", **methods},
+    )
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root))
+    )
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
     finally:
         server.shutdown()
         server.server_close()

@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 
 from bbstage.movers.backends import Backend, Into, UrlRule
 from bbstage.movers.base import BackendOptions, TransferError
+from bbstage.movers.implementations.generic.httpget import RangeReader, judge, tls_context
 
 RANGE_PIECE = 1 << 20  # a streamed range's bytes are handed on in pieces of up to this
 HOST_ENTRY = re.compile(r"[0-9A-Za-z._-]+(?::([0-9]+))?")  # an allowed_hosts entry: host[:port]
@@ -153,18 +154,7 @@ async def _get(
     if end is not None:
         headers["Range"] = f"bytes={start}-{end - 1}"
     async with session.get(url, headers=headers, **kwargs) as reply:
-        if reply.status == 404:
-            raise FileNotFoundError(name)
-        if reply.status in (401, 403):
-            raise PermissionError(f"{name} (HTTP {reply.status} {reply.reason})")
-        if reply.status >= 400:
-            raise TransferError(f"{name}: HTTP {reply.status} {reply.reason}", permanent=False)
-        if end is not None and reply.status != 206:
-            raise TransferError(
-                f"{name}: the server answered a byte range with the whole file"
-                f" (HTTP {reply.status})",
-                permanent=False,
-            )
+        judge(reply.status, reply.reason or "", name, ranged=end is not None)
         at = start
         async for data in reply.content.iter_chunked(RANGE_PIECE):
             into(at, data)
@@ -173,17 +163,12 @@ async def _get(
 
 
 def _ssl_client(bundle: str | None, allowed: dict[str, Any]) -> Any:
-    """An aiohttp session factory (fsspec's ``get_client``) trusting the system's CAs and,
-    if given, the site's ``ca_bundle`` too: verification is never turned off. Each
-    connection's host:port is checked against ``allowed_hosts`` (``allowed``: the settings)
-    before it is opened, a redirect's too."""
-    import ssl
-
+    """An aiohttp session factory (fsspec's ``get_client``) verifying TLS by ``tls_context``.
+    Each connection's host:port is checked against ``allowed_hosts`` (``allowed``: the
+    settings) before it is opened, a redirect's too."""
     import aiohttp
 
-    context = ssl.create_default_context()
-    if bundle:
-        context.load_verify_locations(cafile=bundle)
+    context = tls_context(bundle)
 
     class Connector(aiohttp.TCPConnector):
         async def connect(self, req: Any, *args: Any, **kwargs: Any) -> Any:
@@ -435,7 +420,7 @@ def _listed(page: bytes, top: str, found: dict[str, dict[str, Any]]) -> str:
 def _plain_body(fs: Any, url: str, name: str) -> bytes:
     """The whole body of a plain GET of ``url`` (``_plain_get``)."""
     parts: list[bytes] = []
-    _plain_get(fs, url, name, lambda _, data: parts.append(data), 0, None)
+    _plain_get(fs, url, name, lambda _, data: parts.append(bytes(data)), 0, None)
     return b"".join(parts)
 
 
@@ -487,12 +472,29 @@ class HTTPSBackend(StoreBackend):
         }
 
     @classmethod
+    def filesystem(cls, options: BackendOptions | None, url: str) -> Any:
+        """fsspec's HTTP filesystem, and beside it the reader of its byte ranges
+        (``httpget.RangeReader``), verifying and checking hosts as its client does."""
+        fs = super().filesystem(options, url)
+        settings = options.settings if isinstance(options, StoreOptions) else {}
+        fs.range_reader = RangeReader(
+            tls_context(settings.get("ca_bundle")), lambda url: cls.check_host(settings, url)
+        )
+        return fs
+
+    @classmethod
     def read_range(cls, fs: Any, path: str, start: int, end: int, into: Into) -> int:
-        """One ranged GET, its body handed on as it arrives, not gathered first (fsspec's
-        ``cat_file`` joins a range's body into one string: a copy of every byte and a
-        quarter more CPU per GiB, on the CPUs the server needs too). A server that
-        ignores ``Range`` (200) is refused rather than read whole."""
+        """One ranged GET in this thread (``httpget.RangeReader``), its body handed on as
+        it arrives, not gathered first (fsspec's ``cat_file`` joins a range's body into one
+        string: a copy of every byte and a quarter more CPU per GiB, on the CPUs the server
+        needs too). A server that ignores ``Range`` (200) is refused rather than read
+        whole. A redirected range is read through fsspec's client, which checks the host of
+        every connection it opens."""
         from fsspec.asyn import sync
+
+        got = fs.range_reader.read(fs.encode_url(path), path, start, end, into)
+        if got is not None:
+            return int(got)
 
         async def stream() -> int:
             return await _get(
