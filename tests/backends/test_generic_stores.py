@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -232,7 +233,7 @@ def test_a_host_the_site_has_not_allowed_is_never_reached(
     """A user's https:// or sftp:// URL reaches only the hosts of ``[https|sftp]
     allowed_hosts``: a listener on 127.0.0.1, not listed (the local server is), sees no
     connection; the transfer fails naming the URL and the key to set. HTTPS also checks each
-    connection its client opens (a redirect's), and its reader of byte ranges each URL: the
+    connection its client opens (a redirect's), and its blocking client each URL it reads: the
     filesystem made for an allowed URL is refused the listener's too."""
     from bbstage import movers
 
@@ -259,8 +260,10 @@ def test_a_host_the_site_has_not_allowed_is_never_reached(
             fs = movers.backend(kind).filesystem(store.options, allowed)
             with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
                 fs.cat_file(url)
-            with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):  # its ranges
+            with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):  # its reads
                 movers.backend(kind).read_range(fs, url, 0, 10, lambda at, data: None)
+            with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
+                movers.backend(kind).read(fs, url)
         assert not (tmp_path / "x").exists()
     assert not seen, "a host the site did not allow was reached"
 
@@ -339,14 +342,15 @@ def test_a_server_that_answers_a_range_with_the_whole_file_is_refused(
         assert not e.value.permanent and handed == []
 
 
-def test_https_ranges_are_read_on_kept_connections_and_a_redirect_is_followed_checked(
+def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_checked(
     stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """HTTPS ranges are read in the threads that ask for them (``httpget.RangeReader``): 12
-    ranges by 4 threads open no more than 4 connections, and the bytes are the file's. A
-    range the server redirects is read through fsspec's client, which follows the redirect
-    to an allowed host, and refuses one to a host the site has not allowed (a listener
-    there sees no connection)."""
+    """HTTPS files are read in the threads that ask for them (``httpget.BlockingClient``):
+    12 ranges by 4 threads open no more than 4 connections, 40 small files by 8 threads no
+    more than 8, and the bytes are the files'; a connection the server closed while it was
+    kept is opened again. A range or a file the server redirects is
+    read through fsspec's client, which follows the redirect to an allowed host, and
+    refuses one to a host the site has not allowed (a listener there sees no connection)."""
     import http.client
 
     from bbstage import movers
@@ -372,9 +376,32 @@ def test_https_ranges_are_read_on_kept_connections_and_a_redirect_is_followed_ch
         assert isinstance(suite.run(store, store.url("big"), str(tmp_path / "big"))[-1], Done)
         assert (tmp_path / "big").read_bytes() == body
         assert 1 <= len(opened) <= 4, len(opened)
+        small = {f"t/f{i:02d}": os.urandom(1000 + i) for i in range(40)}
+        for name, data in small.items():
+            store.put(name, data)
+        opened.clear()
+        events = suite.run(store, store.url("t/"), str(tmp_path / "t") + "/", threads=8)
+        assert isinstance(events[-1], Done) and events[-1].files == 40, events[-1]
+        assert all((tmp_path / k).read_bytes() == v for k, v in small.items())
+        assert 1 <= len(opened) <= 8, len(opened)
+        (tmp_path / "www").mkdir()
+        (tmp_path / "www" / "f").write_bytes(b"kept")
+        with _tls_server(stores_env, tmp_path / "www", timeout=0.2) as port:  # idle: closed
+            settings = {**store.options.settings, "allowed_hosts": [f"127.0.0.1:{port}"]}
+            url = f"https://127.0.0.1:{port}/f"
+            fs = https.filesystem(StoreOptions(settings), url)
+            opened.clear()
+            assert https.read(fs, url) == b"kept"
+            time.sleep(0.6)  # the server closes the connection kept: the next read opens one
+            assert https.read(fs, url) == b"kept"
+            assert len(opened) == 2, len(opened)
 
         with _listener("127.0.0.1") as (away, seen):
-            moves = {"/moved": store.url("big"), "/away": f"https://127.0.0.1:{away}/big"}
+            moves = {
+                "/moved": store.url("big"),
+                "/moved-small": store.url("t/f01"),
+                "/away": f"https://127.0.0.1:{away}/big",
+            }
 
             def do_GET(self: Any) -> None:  # noqa: N802 - http.server's name
                 self.send_response(302)
@@ -394,8 +421,12 @@ def test_https_ranges_are_read_on_kept_connections_and_a_redirect_is_followed_ch
                 url = f"https://127.0.0.1:{port}/moved"
                 assert https.read_range(fs, url, 1 << 20, 3 << 20, into) == 2 << 20
                 assert bytes(got) == body[1 << 20 : 3 << 20]
+                assert https.read(fs, f"https://127.0.0.1:{port}/moved-small") == small["t/f01"]
+                away_url = f"https://127.0.0.1:{port}/away"
                 with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
-                    https.read_range(fs, f"https://127.0.0.1:{port}/away", 0, 10, into)
+                    https.read_range(fs, away_url, 0, 10, into)
+                with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
+                    https.read(fs, away_url)
         assert not seen, "a redirect reached a host the site did not allow"
     finally:
         next(gen, None)

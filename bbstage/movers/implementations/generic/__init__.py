@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 from bbstage.movers.backends import Backend, Into, UrlRule
 from bbstage.movers.base import BackendOptions, TransferError
-from bbstage.movers.implementations.generic.httpget import RangeReader, judge, tls_context
+from bbstage.movers.implementations.generic.httpget import BlockingClient, judge, tls_context
 
 RANGE_PIECE = 1 << 20  # a streamed range's bytes are handed on in pieces of up to this
 HOST_ENTRY = re.compile(r"[0-9A-Za-z._-]+(?::([0-9]+))?")  # an allowed_hosts entry: host[:port]
@@ -443,15 +443,15 @@ def _plain_get(fs: Any, url: str, name: str, into: Into, start: int, end: int | 
 
 
 class HTTPSBackend(StoreBackend):
-    """``https://host/path``: a source only, through fsspec's HTTP (aiohttp), a big file's
-    ranges by ``httpget.RangeReader``; TLS verified against the system's CAs and ``[https]
+    """``https://host/path``: a source only, listed through fsspec's HTTP (aiohttp), read by
+    ``httpget.BlockingClient``; TLS verified against the system's CAs and ``[https]
     ca_bundle``."""
 
     name, schemes, section, protocol = "https", ("https",), "https", "https"
     read_only = True
     settings_keys = frozenset({"ca_bundle", "allowed_hosts"})
     port = 443
-    # 32 MiB x 4, each range read in its own thread (RangeReader): 1 GiB from the test
+    # 32 MiB x 4, each range read in its own thread (BlockingClient): 1 GiB from the test
     # server, 8 runs each beside rclone's, the median of each run's ratio: 32 x 4 0.97,
     # 64 x 4 0.91, 128 x 4 0.98, 64 x 8 0.92 (through fsspec's event loop, streamed,
     # 32 x 4 had been 0.83-0.86)
@@ -474,26 +474,34 @@ class HTTPSBackend(StoreBackend):
 
     @classmethod
     def filesystem(cls, options: BackendOptions | None, url: str) -> Any:
-        """fsspec's HTTP filesystem, and beside it the reader of its byte ranges
-        (``httpget.RangeReader``), verifying and checking hosts as its client does."""
+        """fsspec's HTTP filesystem (listings, sizes), and beside it the client of its
+        reads (``httpget.BlockingClient``), verifying and checking hosts as fsspec's
+        client does."""
         fs = super().filesystem(options, url)
         settings = options.settings if isinstance(options, StoreOptions) else {}
-        fs.range_reader = RangeReader(
+        fs.blocking = BlockingClient(
             tls_context(settings.get("ca_bundle")), lambda url: cls.check_host(settings, url)
         )
         return fs
 
     @classmethod
+    def read(cls, fs: Any, path: str) -> bytes:
+        """A small file in one GET in this thread (``httpget.BlockingClient``); one the
+        server redirects, through fsspec's client, which checks the host of every
+        connection it opens."""
+        body = fs.blocking.read(fs.encode_url(path), path)
+        return body if body is not None else super().read(fs, path)
+
+    @classmethod
     def read_range(cls, fs: Any, path: str, start: int, end: int, into: Into) -> int:
-        """One ranged GET in this thread (``httpget.RangeReader``), its body handed on as
-        it arrives, not gathered first (fsspec's ``cat_file`` joins a range's body into one
-        string: a copy of every byte and a quarter more CPU per GiB, on the CPUs the server
-        needs too). A server that ignores ``Range`` (200) is refused rather than read
-        whole. A redirected range is read through fsspec's client, which checks the host of
-        every connection it opens."""
+        """One ranged GET in this thread (``httpget.BlockingClient``), its body handed on
+        as it arrives, not gathered first (fsspec's ``cat_file`` joins a range's body into
+        one string: a copy of every byte and a quarter more CPU per GiB, on the CPUs the
+        server needs too). A server that ignores ``Range`` (200) is refused rather than
+        read whole. A redirected range is read through fsspec's client, as ``read``."""
         from fsspec.asyn import sync
 
-        got = fs.range_reader.read(fs.encode_url(path), path, start, end, into)
+        got = fs.blocking.read_range(fs.encode_url(path), path, start, end, into)
         if got is not None:
             return int(got)
 
