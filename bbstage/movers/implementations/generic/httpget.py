@@ -67,16 +67,19 @@ def judge(status: int, reason: str, name: str, ranged: bool) -> None:
 
 
 class BlockingClient:
-    """GETs of ``https://`` URLs, each in the calling thread over a connection kept for the
-    next (one per thread at a time, any number idle): byte ranges (``read_range``) and
-    small files whole (``read``). ``check(url)`` refuses a host the site has not allowed,
-    before any connection to it. URLs are ``yarl.URL``s, encoded as fsspec encodes them.
-    A redirect is answered None, nothing read."""
+    """GETs of ``https://`` URLs (``http://`` too: a local emulator), each in the calling
+    thread over a connection kept for the next (one per thread at a time, any number idle):
+    byte ranges (``read_range``) and small files whole (``read``). ``check(url)`` refuses a
+    host the site has not allowed (https: ``allowed_hosts``), before any connection to it.
+    URLs are ``yarl.URL``s, encoded as fsspec encodes them. A redirect is answered None,
+    nothing read."""
 
-    def __init__(self, context: ssl.SSLContext, check: Callable[[str], None]) -> None:
+    def __init__(
+        self, context: ssl.SSLContext, check: Callable[[str], None] = lambda url: None
+    ) -> None:
         self._context = context
         self._check = check
-        self._idle: dict[tuple[str, int], list[http.client.HTTPSConnection]] = {}
+        self._idle: dict[tuple[str, str, int], list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
 
     def read_range(self, url: Any, name: str, start: int, end: int, into: Into) -> int | None:
@@ -105,7 +108,7 @@ class BlockingClient:
         body: Callable[[http.client.HTTPResponse], T],
     ) -> T | None:
         self._check(str(url))
-        key = (url.raw_host, url.port or 443)
+        key = (url.scheme, url.raw_host, url.port)
         with self._lock:
             idle = self._idle.get(key)
             conn = idle.pop() if idle else None
@@ -117,7 +120,7 @@ class BlockingClient:
             except ConnectionError:  # kept past the server's patience: it closed it
                 conn.close()
         if reply is None:
-            conn = http.client.HTTPSConnection(*key, timeout=TIMEOUT, context=self._context)
+            conn = self._connect(*key)
         kept = False
         try:
             if reply is None:
@@ -135,3 +138,8 @@ class BlockingClient:
                     self._idle.setdefault(key, []).append(conn)
             else:
                 conn.close()
+
+    def _connect(self, scheme: str, host: str, port: int) -> http.client.HTTPConnection:
+        if scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=TIMEOUT, context=self._context)
+        return http.client.HTTPConnection(host, port, timeout=TIMEOUT)  # a local emulator
