@@ -6,17 +6,18 @@ Why a client of its own: fsspec's event loop runs every connection in its one th
 one thread decrypts the TLS of every range of a big file, and every small file is two hops
 between threads. ``BlockingClient`` reads over blocking sockets (``http.client``) in the
 thread of the mover that asks: several ranges or files are decrypted at once, a range
-written from one buffer, reused, with no copy between. 1 GiB from the test server, 8 runs
-each beside rclone's (the median of each run's ratio): 0.97x rclone, where the event
-loop's client reached 0.83-0.86x; 1,000 x 64 KiB: 1.13-1.14x, against 0.91-1.06x
-(docs/performance.md).
+written from one buffer, reused, with no copy between. Against rclone, run by run (the
+median of each run's ratio, docs/performance.md): 1 GiB over HTTPS 0.96-0.97x with the
+same ranges, where the event loop's client reached 0.83-0.86x (1.04-1.05x with the ranges
+kept since); 1,000 x 64 KiB 1.13-1.14x, against 0.91-1.06x.
 
 The rules of the event loop's client hold here too: the host is checked against
 ``allowed_hosts`` before each connection is opened; TLS is verified by the same context
 (the system's CAs and the site's ``ca_bundle``); a redirect is not followed here but handed
 back, for that client to follow (it checks every host it connects to); errors name the
-path, never more of the URL; nothing is read through a proxy (neither client reads the
-environment's).
+path, never more of the URL. No proxy is used: HTTPS's event-loop client reads none from
+the environment either, and Azure reads through its event loop when the worker's
+environment names one.
 """
 
 from __future__ import annotations
