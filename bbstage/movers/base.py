@@ -51,6 +51,18 @@ def os_error(exc: OSError, path: str | None = None) -> TransferError:
     return TransferError(f"{exc.strerror or exc}: {where}", permanent=False)
 
 
+def not_a_tree(path: str) -> TransferError:
+    """A tree's source (``.../``) that is a file, on any store: what to fix."""
+    return TransferError(f"not a directory: {path} (drop the trailing / to stage a file)")
+
+
+def not_a_file(path: str) -> TransferError:
+    """A file's source that is a directory, on any store: what to fix."""
+    return TransferError(
+        f"is a directory: {path} (end the source and destination with / to stage a tree)"
+    )
+
+
 @dataclass(frozen=True)
 class FileTask:
     """One entry of a plan: copy ``src`` to ``dst``."""

@@ -15,7 +15,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from bbstage.movers.base import FileTask, Progress, TransferError, os_error
+from bbstage.movers.base import (
+    FileTask,
+    Progress,
+    TransferError,
+    not_a_file,
+    not_a_tree,
+    os_error,
+)
 
 
 def plan_local(src: str, dst: str, *, tree: bool, glob: bool) -> Iterator[FileTask]:
@@ -37,9 +44,7 @@ def plan_local(src: str, dst: str, *, tree: bool, glob: bool) -> Iterator[FileTa
     except OSError as exc:
         raise os_error(exc, src) from None
     if stat.S_ISDIR(st.st_mode):
-        raise TransferError(
-            f"is a directory: {src} (end the source and destination with / to stage a tree)"
-        )
+        raise not_a_file(src)
     if not stat.S_ISREG(st.st_mode):
         raise not_regular(src, st.st_mode)
     mode, mtime = stat.S_IMODE(st.st_mode), st.st_mtime_ns
@@ -127,7 +132,7 @@ def _root_mode(root: str) -> int:
     except OSError as exc:
         raise os_error(exc, root) from None
     if not stat.S_ISDIR(st.st_mode):
-        raise TransferError(f"not a directory: {root} (drop the trailing / to stage a file)")
+        raise not_a_tree(root)
     return stat.S_IMODE(st.st_mode)
 
 

@@ -113,18 +113,19 @@ class BlockingClient:
         with self._lock:
             idle = self._idle.get(key)
             conn = idle.pop() if idle else None
-        reply = None
-        if conn is not None:
-            try:
-                conn.request("GET", url.raw_path_qs, headers=headers)
-                reply = conn.getresponse()
-            except ConnectionError:  # kept past the server's patience: it closed it
-                conn.close()
-        if reply is None:
+        fresh = conn is None
+        if conn is None:
             conn = self._connect(*key)
         kept = False
         try:
-            if reply is None:
+            try:
+                conn.request("GET", url.raw_path_qs, headers=headers)
+                reply = conn.getresponse()
+            except ConnectionError:
+                if fresh:
+                    raise
+                conn.close()  # kept past the server's patience: it closed it
+                conn = self._connect(*key)
                 conn.request("GET", url.raw_path_qs, headers=headers)
                 reply = conn.getresponse()
             if 300 <= reply.status < 400:

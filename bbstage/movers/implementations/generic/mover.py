@@ -19,6 +19,8 @@ from bbstage.movers.base import (
     MoverOptions,
     Progress,
     TransferError,
+    not_a_file,
+    not_a_tree,
     os_error,
 )
 from bbstage.movers.implementations.generic.errors import translate
@@ -79,10 +81,7 @@ class GenericMover(Mover):
             if not tree:
                 info = fs.info(root)
                 if info.get("type") == "directory":
-                    raise TransferError(
-                        f"is a directory: {src}"
-                        " (end the source and destination with / to stage a tree)"
-                    )
+                    raise not_a_file(src)
                 return [self._task(src, dst, info)]
             found = backend.find(fs, root.rstrip("/"))
         except TransferError:
@@ -92,9 +91,7 @@ class GenericMover(Mover):
         top = root.rstrip("/") + "/"
         if not any(p.startswith(top) and p != top for p in found) and not fs.isdir(top[:-1]):
             if self._call(lambda: fs.isfile(top[:-1]), src):  # find lists a file as itself
-                raise TransferError(
-                    f"not a directory: {src.rstrip('/')} (drop the trailing / to stage a file)"
-                )
+                raise not_a_tree(src.rstrip("/"))
             raise TransferError(f"no such file or directory: {src}")
         tasks = [FileTask(src, dst, "dir", mode=DIR_MODE)] if self.dst.local else []
         unsized = [

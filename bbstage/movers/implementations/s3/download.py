@@ -13,7 +13,7 @@ from typing import Any
 
 from bbstage import counts
 from bbstage.movers import checksum, localfs
-from bbstage.movers.base import FileTask, Progress, TransferError, os_error
+from bbstage.movers.base import FileTask, Progress, TransferError, not_a_tree, os_error
 from bbstage.movers.implementations.s3.common import (
     _Counted,
     _first_failure,
@@ -65,10 +65,7 @@ class S3Download(_S3Mover):
         if name:
             try:
                 await self._head(bucket, name)
-                return TransferError(
-                    f"not a directory: {src.rstrip('/')} (drop the trailing / to stage a file)",
-                    permanent=True,
-                )
+                return not_a_tree(src.rstrip("/"))
             except TransferError:
                 pass  # no such object either (or none we may see): the prefix is wrong
         return TransferError(
