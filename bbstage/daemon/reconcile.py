@@ -26,13 +26,15 @@ pending job; the burst buffer of a pending job cannot be changed).
 
 The same race can end the other way (seen on 26.05.5, the code is the same in 24.11):
 slurmscriptd ends a stage-in hook at shutdown without marking it as killed by slurmctld,
-Slurm takes that as the hook failing with no message, holds the job (priority 0), tears it
-down (``TeardownFailure``) and saves it held: it stays PENDING with reason
-``burst_buffer/lua: JobHeldAdmin: slurm_bb_test_data_in failed: `` (24.11 and 22.05:
-``burst_buffer/lua: slurm_bb_test_data_in: ``) until someone runs ``scontrol release``. A
-failure bbstage answers always carries a message, so a stage-in hook's failure *without* one
-is Slurm's doing: a job held for that, for which the daemon never recorded a failed
-stage-in, is released (``scontrol release``; Slurm stages it again from the start), once
+Slurm takes that as the hook failing, with whatever message the hook had written (none, or
+the ``BUSY`` of a poll that had answered), holds the job (priority 0), tears it down
+(``TeardownFailure``) and saves it held: it stays PENDING with reason
+``burst_buffer/lua: JobHeldAdmin: slurm_bb_test_data_in failed: `` or ``... failed: BUSY``
+(24.11 and 22.05: ``burst_buffer/lua: slurm_bb_test_data_in: ``) until someone runs
+``scontrol release``. A failure bbstage answers always carries a message, never ``BUSY``
+alone (that is a success), so a stage-in hook's failure with no message or with ``BUSY`` is
+Slurm's doing: a job held for that, for which the daemon never recorded a failed stage-in,
+is released (``scontrol release``; Slurm stages it again from the start), once
 per job while the daemon runs. The jobs come from the whole pass's `squeue` (the jobs the
 daemon stages and those it tore down in the last hour) and, for a job the daemon has no
 record of, from one `squeue -t PD` every ``HELD_SCAN`` seconds (less often where it is slow).
@@ -80,12 +82,15 @@ STRANDED_GRACE = 60.0
 # The pending jobs of the whole cluster are listed this often (seconds), to find the jobs Slurm
 # held for a stage-in hook it killed (the module's docstring) that the daemon has no record of.
 HELD_SCAN = 60.0
-# Slurm's reason for a job held because a stage-in hook failed with an empty message:
-# 24.11 (and 22.05) "burst_buffer/lua: <hook>: ", 26.05 "burst_buffer/lua: JobHeldAdmin:
-# <hook> failed: " (_fail_stage). The stage-in hooks are those of Slurm's _start_stage_in.
+# Slurm's reason for a job held because a stage-in hook it killed "failed": 24.11 (and 22.05)
+# "burst_buffer/lua: <hook>: ", 26.05 "burst_buffer/lua: JobHeldAdmin: <hook> failed: "
+# (_fail_stage), then the message the hook had written before it died: none, or the "BUSY"
+# of a poll (a success: bbstage never fails with that message). The stage-in hooks are those
+# of Slurm's _start_stage_in.
 _STAGE_IN_HOOKS = "slurm_bb_(?:setup|data_in|test_data_in|real_size)"
-HELD_SILENTLY = re.compile(
-    rf"burst_buffer/lua: (?:JobHeldAdmin: {_STAGE_IN_HOOKS} failed|{_STAGE_IN_HOOKS}):\s*"
+HELD_FOR_A_KILLED_HOOK = re.compile(
+    rf"burst_buffer/lua: (?:JobHeldAdmin: {_STAGE_IN_HOOKS} failed|{_STAGE_IN_HOOKS}):"
+    r"\s*(?:BUSY\s*)?"
 )
 
 
@@ -197,9 +202,9 @@ async def held_in_slurm(slurm_conf: str | None) -> dict[str, SlurmJob] | None:
     return held
 
 
-def held_silently(slurm: SlurmJob) -> bool:
-    """Is the job held by Slurm for a stage-in hook that failed with no message at all?"""
-    return slurm.state == "PENDING" and HELD_SILENTLY.fullmatch(slurm.reason) is not None
+def held_for_a_killed_hook(slurm: SlurmJob) -> bool:
+    """Is the job held by Slurm for a stage-in hook it killed (``HELD_FOR_A_KILLED_HOOK``)?"""
+    return slurm.state == "PENDING" and HELD_FOR_A_KILLED_HOOK.fullmatch(slurm.reason) is not None
 
 
 def _failed_here(engine: Engine, job_id: str) -> bool:
@@ -219,7 +224,7 @@ async def release_held(
     module's docstring), each once: ``released`` holds the ids released already; their ids."""
     done = []
     for job_id in sorted(slurm):
-        if job_id in released or not held_silently(slurm[job_id]):
+        if job_id in released or not held_for_a_killed_hook(slurm[job_id]):
             continue
         if _failed_here(engine, job_id):
             continue  # a failure of ours (Slurm would show its message): the job stays held

@@ -429,6 +429,9 @@ def scan(engine: FakeEngine, released: set[str]) -> list[str]:
         pytest.param(HELD_2411, id="2411"),
         pytest.param(HELD_2605, id="2605"),
         pytest.param(HELD_2605.rstrip() + " \t ", id="2605-trailing-whitespace"),
+        # killed after it had answered a poll's "not yet" (CI, 2026-11-28)
+        pytest.param(HELD_2605.replace("data_in", "test_data_in") + "BUSY", id="2605-busy"),
+        pytest.param(HELD_2411 + "BUSY", id="2411-busy"),
     ],
 )
 def test_a_job_slurm_held_for_a_stage_in_hook_it_killed_is_released(
@@ -463,6 +466,9 @@ def test_a_job_slurm_held_for_a_stage_in_hook_it_killed_is_released(
         # an admin's `scontrol hold`, a user's `scontrol hold`
         pytest.param("JobHeldAdmin", id="admin-hold"),
         pytest.param("JobHeldUser", id="user-hold"),
+        # a failure whose message only begins or ends with the word of a poll's "not yet"
+        pytest.param(HELD_2605 + "BUSY disk", id="busy-and-more"),
+        pytest.param(HELD_2605 + "not BUSY", id="more-and-busy"),
         # an empty failure of a hook that is not a stage-in hook
         pytest.param("burst_buffer/lua: JobHeldAdmin: slurm_bb_pre_run failed: ", id="pre-run"),
         # the reason Slurm gives while it stages the job in
