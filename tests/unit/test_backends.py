@@ -218,3 +218,25 @@ def test_backends_section_enables_schemes_and_checks_their_tables(tmp_path: Path
     finally:
         movers.enable([])
     assert parse(ok)["errors"][0]["code"] == "bad-scheme"  # gs:// only while enabled
+
+
+@pytest.mark.parametrize(
+    ("text", "has"),
+    [
+        ("processor\t: 0\nflags\t\t: fpu sse2 aes avx2 vaes\n", True),  # x86
+        ("processor\t: 0\nFeatures\t: fp asimd aes pmull sha1\n", True),  # Arm
+        ("processor\t: 0\nflags\t\t: fpu sse2 vaes avx2\n", False),  # a word, not a part
+        ("model name\t: aes\nflags\t\t: fpu\n", False),  # flags only
+    ],
+)
+def test_sftp_asks_for_aes_gcm_first_only_where_the_cpu_has_aes(
+    text: str, has: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bbstage.movers.implementations import generic
+
+    (tmp_path / "cpuinfo").write_text(text)
+    assert generic.cpu_has_aes(str(tmp_path / "cpuinfo")) is has
+    assert generic.cpu_has_aes(str(tmp_path / "nothing")) is False
+    monkeypatch.setattr(generic, "cpu_has_aes", lambda: has)
+    algs = generic.SFTPBackend.kwargs({}, "sftp://u@h/x").get("encryption_algs")
+    assert algs == (generic.AES_FIRST if has else None)
