@@ -152,8 +152,11 @@ class Backend:
         return len(data)
 
     @classmethod
-    def read(cls, fs: Any, path: str) -> bytes:
-        """A small file whole, in one request (the generic mover's files of up to 4 MiB)."""
+    def read(cls, fs: Any, path: str, size: int) -> bytes:
+        """A small file whole, in one request (the generic mover's files of up to 4 MiB),
+        planned at ``size`` bytes by its listing: a store whose server the user may choose
+        reads no more than ``size`` + 1 (HTTPS, ``httpget.too_much``); the mover refuses a
+        file of another size."""
         return bytes(fs.cat_file(path))
 
     @classmethod

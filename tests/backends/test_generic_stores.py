@@ -284,7 +284,7 @@ def test_a_host_the_site_has_not_allowed_is_never_reached(
             with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):  # its reads
                 movers.backend(kind).read_range(fs, url, 0, 10, lambda at, data: None)
             with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
-                movers.backend(kind).read(fs, url)
+                movers.backend(kind).read(fs, url, 10)
         assert not (tmp_path / "x").exists()
     assert not seen, "a host the site did not allow was reached"
 
@@ -363,6 +363,74 @@ def test_a_server_that_answers_a_range_with_the_whole_file_is_refused(
         assert not e.value.permanent and handed == []
 
 
+def test_a_server_that_sends_more_than_was_asked_for_is_refused(
+    stores_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A server the user points at may answer a byte range with more bytes than the range,
+    or a small file's GET with far more than its HEAD said: nothing past the range is handed
+    on, the small file's body is not gathered past its planned size (1 KiB said, 64 MiB
+    sent; the server cannot send it all), and both fail as transient errors, through the
+    worker's own client and, for a redirected read, through fsspec's. Through the mover, the
+    job's file is not written."""
+    from bbstage import movers
+
+    extra = 64 << 20
+    sent: list[int] = []  # the bytes of each body the server got out before the client left
+
+    def do_HEAD(self: Any) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Length", "1024")
+        self.end_headers()
+
+    def do_GET(self: Any) -> None:  # noqa: N802
+        if self.path.startswith("/moved"):
+            self.send_response(302)
+            self.send_header("Location", self.path.removeprefix("/moved"))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        wanted = self.headers.get("Range")
+        self.send_response(206 if wanted else 200)
+        if wanted:
+            first, last = (int(x) for x in wanted.removeprefix("bytes=").split("-"))
+            self.send_header("Content-Range", f"bytes {first}-{last}/{1 << 30}")
+        self.send_header("Content-Length", str(extra))
+        self.end_headers()
+        out = 0
+        try:
+            for _ in range(extra >> 20):
+                self.wfile.write(b"x" * (1 << 20))
+                out += 1 << 20
+        except OSError:
+            pass  # the client stopped reading, as it should
+        sent.append(out)
+
+    (tmp_path / "www").mkdir()
+    with _tls_server(stores_env, tmp_path / "www", do_GET=do_GET, do_HEAD=do_HEAD) as port:
+        https = movers.backend("https")
+        options = StoreOptions(
+            {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [f"127.0.0.1:{port}"]}
+        )
+        fs = https.filesystem(options, f"https://127.0.0.1:{port}/")
+        for path in ("/lie", "/moved/lie"):  # the worker's client; fsspec's, after a redirect
+            url = f"https://127.0.0.1:{port}{path}"
+            handed: list[tuple[int, int]] = []
+            into = lambda at, d, handed=handed: handed.append((at, len(d)))  # noqa: E731
+            with pytest.raises(TransferError, match="sent more than the 1048576 bytes") as e:
+                https.read_range(fs, url, 1 << 20, 2 << 20, into)
+            assert not e.value.permanent
+            assert all(1 << 20 <= at and at + n <= 2 << 20 for at, n in handed), handed
+            with pytest.raises(TransferError, match="sent more than the 1024 bytes") as e:
+                https.read(fs, url, 1024)
+            assert not e.value.permanent
+        store = Store("https", f"https://127.0.0.1:{port}", options, None)
+        events = BackendSuite().run(store, f"https://127.0.0.1:{port}/lie", str(tmp_path / "x"))
+        assert isinstance(events[-1], Failed) and "sent more than" in events[-1].message
+        assert not (tmp_path / "x").exists()
+    # no body was read to its end (a socket's buffers hold a few MiB, not 64)
+    assert sent and max(sent) < extra, sent
+
+
 def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_checked(
     stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -412,9 +480,9 @@ def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_che
             url = f"https://127.0.0.1:{port}/f"
             fs = https.filesystem(StoreOptions(settings), url)
             opened.clear()
-            assert https.read(fs, url) == b"kept"
+            assert https.read(fs, url, 4) == b"kept"
             time.sleep(0.6)  # the server closes the connection kept: the next read opens one
-            assert https.read(fs, url) == b"kept"
+            assert https.read(fs, url, 4) == b"kept"
             assert len(opened) == 2, len(opened)
 
         with _listener("127.0.0.1") as (away, seen):
@@ -442,12 +510,16 @@ def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_che
                 url = f"https://127.0.0.1:{port}/moved"
                 assert https.read_range(fs, url, 1 << 20, 3 << 20, into) == 2 << 20
                 assert bytes(got) == body[1 << 20 : 3 << 20]
-                assert https.read(fs, f"https://127.0.0.1:{port}/moved-small") == small["t/f01"]
+                small_size = len(small["t/f01"])
+                assert (
+                    https.read(fs, f"https://127.0.0.1:{port}/moved-small", small_size)
+                    == small["t/f01"]
+                )
                 away_url = f"https://127.0.0.1:{port}/away"
                 with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
                     https.read_range(fs, away_url, 0, 10, into)
                 with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
-                    https.read(fs, away_url)
+                    https.read(fs, away_url, 10)
         assert not seen, "a redirect reached a host the site did not allow"
     finally:
         next(gen, None)
@@ -509,7 +581,7 @@ def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_na
         fs = az.filesystem(store.options, store.url("a"))
         a = az.strip(store.url("a"))
         got: list[tuple[int, bytes]] = []
-        assert az.read(fs, a) == b"A" * 1000
+        assert az.read(fs, a, 1000) == b"A" * 1000
         assert az.read_range(fs, a, 10, 20, lambda at, data: got.append((at, data))) == 10
         assert got == [(10, b"A" * 10)]
 
@@ -538,7 +610,7 @@ def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_na
         key = account["AccountKey"]
         wrong_key = connection.replace(key, "d3Jvbmc=" + key[8:])
         for read in (
-            lambda f, path: az.read(f, path),
+            lambda f, path: az.read(f, path, 5),
             lambda f, path: az.read_range(f, path, 0, 5, lambda at, data: None),
         ):
             with pytest.raises(FileNotFoundError) as missing:
@@ -560,7 +632,7 @@ def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_na
         )
         secret.write_text(f"BlobEndpoint={account['BlobEndpoint']};SharedAccessSignature={own}")
         fs = az.filesystem(store.options, store.url("a"))
-        assert az.read(fs, a) == b"A" * 1000
+        assert az.read(fs, a, 1000) == b"A" * 1000
     finally:
         secret.write_text(stores_env["BBSTAGE_AZ_CONNECTION"])
         next(gen, None)
@@ -671,11 +743,13 @@ def test_an_azure_read_goes_through_the_proxy_of_the_workers_environment(
                 monkeypatch.setenv(name, f"http://127.0.0.1:{port}")
             fs = az.filesystem(store.options, store.url("a"))
             with pytest.raises(TransferError) as failed:
-                az.read(fs, path)
+                az.read(fs, path, 1)
             assert seen, "the read did not go through the proxy"
             assert "sig=" not in str(failed.value)
         for name in ("HTTP_PROXY", "HTTPS_PROXY"):
             monkeypatch.delenv(name)
-        assert az.read(az.filesystem(store.options, store.url("a")), path) == b"through the proxy"
+        assert (
+            az.read(az.filesystem(store.options, store.url("a")), path, 17) == b"through the proxy"
+        )
     finally:
         next(gen, None)

@@ -42,7 +42,12 @@ from typing import Any, ClassVar
 
 from bbstage.movers.backends import Backend, Into, UrlRule
 from bbstage.movers.base import BackendOptions, TransferError
-from bbstage.movers.implementations.generic.httpget import BlockingClient, judge, tls_context
+from bbstage.movers.implementations.generic.httpget import (
+    BlockingClient,
+    judge,
+    tls_context,
+    too_much,
+)
 
 RANGE_PIECE = 1 << 20  # a streamed range's bytes are handed on in pieces of up to this
 HOST_ENTRY = re.compile(r"[0-9A-Za-z._-]+(?::([0-9]+))?")  # an allowed_hosts entry: host[:port]
@@ -145,19 +150,24 @@ class StoreBackend(Backend):
 
 
 async def _get(
-    session: Any, url: str, name: str, into: Into, start: int, end: int | None, **kwargs: Any
-) -> int:
-    """One GET of ``url`` (bytes ``start`` to ``end``; ``end`` None: the whole file), its body
-    handed to ``into`` as it arrives; the number of bytes read. Errors name ``name``, never
-    ``url`` (Azure's carries a signature). A server that ignores ``Range`` (200) is refused
-    rather than read whole."""
+    session: Any, url: str, name: str, into: Into, start: int, end: int | None, size: int,
+    **kwargs: Any,
+) -> int:  # fmt: skip
+    """One GET of ``url`` (bytes ``start`` to ``end``; ``end`` None: the whole file, planned
+    at ``size`` bytes), its body handed to ``into`` as it arrives; the number of bytes read.
+    Errors name ``name``, never ``url`` (Azure's carries a signature). A server that ignores
+    ``Range`` (200) is refused rather than read whole; one that sends more than the range or
+    the planned size, before a byte past them is handed on (``too_much``)."""
     headers = dict(kwargs.pop("headers", {}))
     if end is not None:
         headers["Range"] = f"bytes={start}-{end - 1}"
+    most = size if end is None else end - start
     async with session.get(url, headers=headers, **kwargs) as reply:
         judge(reply.status, reply.reason or "", name, ranged=end is not None)
         at = start
         async for data in reply.content.iter_chunked(RANGE_PIECE):
+            if at + len(data) - start > most:
+                raise too_much(name, most)
             into(at, data)
             at += len(data)
         return at - start
@@ -314,23 +324,23 @@ class AzureBackend(StoreBackend):
         signed = _signed(fs, *fs.split_path(path)[:2])
         if signed is None:
             return super().read_range(fs, path, start, end, into)
-        return _plain_get(fs, signed, path, into, start, end)
+        return _plain_get(fs, signed, path, into, start, end, end - start)
 
     @classmethod
-    def read(cls, fs: Any, path: str) -> bytes:
+    def read(cls, fs: Any, path: str, size: int) -> bytes:
         """A small blob in one plain GET, signed as ``read_range``'s (300 x 64 KiB from
         Azurite, 8 at once: 0.12 s of CPU against the SDK's 0.23), in this thread
         (``httpget.BlockingClient``) where no proxy is to be used."""
         signed = _signed(fs, *fs.split_path(path)[:2])
         if signed is None:
-            return super().read(fs, path)
+            return super().read(fs, path, size)
         if fs.blocking is not None:
             import yarl
 
-            body = fs.blocking.read(yarl.URL(signed, encoded=True), path)
+            body = fs.blocking.read(yarl.URL(signed, encoded=True), path, size)
             if body is not None:  # (None: redirected; the session follows)
                 return body
-        return _plain_body(fs, signed, path)
+        return _plain_body(fs, signed, path, size)
 
     @classmethod
     def find(cls, fs: Any, root: str) -> dict[str, dict[str, Any]]:
@@ -352,7 +362,7 @@ class AzureBackend(StoreBackend):
             if marker:
                 query["marker"] = marker
             text = urllib.parse.urlencode(query, quote_via=urllib.parse.quote)
-            page = _plain_body(fs, f"{url}&{text}", root)
+            page = _plain_body(fs, f"{url}&{text}", root, LIST_PAGE_BYTES)
             marker = _listed(page, f"{container}/{prefix}", found)
             if not marker:
                 return found
@@ -360,6 +370,9 @@ class AzureBackend(StoreBackend):
 
 SIGNED_FOR = 3600  # seconds a signature is valid
 LIST_PAGE = 5000  # blobs per page of a listing (Azure's most)
+# ...and the most bytes one page may have (a blob's entry, with a name of up to 1,024
+# characters and metadata of up to 8 KiB, is under 16 KiB): a bigger one is refused
+LIST_PAGE_BYTES = LIST_PAGE << 14
 
 
 def _signed(fs: Any, container: str, blob: str | None) -> str | None:
@@ -431,14 +444,16 @@ def _listed(page: bytes, top: str, found: dict[str, dict[str, Any]]) -> str:
     return answer.findtext("NextMarker") or ""
 
 
-def _plain_body(fs: Any, url: str, name: str) -> bytes:
-    """The whole body of a plain GET of ``url`` (``_plain_get``)."""
+def _plain_body(fs: Any, url: str, name: str, size: int) -> bytes:
+    """The whole body of a plain GET of ``url`` (``_plain_get``), planned at ``size``."""
     parts: list[bytes] = []
-    _plain_get(fs, url, name, lambda _, data: parts.append(bytes(data)), 0, None)
+    _plain_get(fs, url, name, lambda _, data: parts.append(bytes(data)), 0, None, size)
     return b"".join(parts)
 
 
-def _plain_get(fs: Any, url: str, name: str, into: Into, start: int, end: int | None) -> int:
+def _plain_get(
+    fs: Any, url: str, name: str, into: Into, start: int, end: int | None, size: int
+) -> int:
     """``_get`` through the plain session kept beside ``fs`` (``AzureBackend.filesystem``),
     every client error named by ``name`` alone: aiohttp's messages quote the URL, and this
     one holds a signature."""
@@ -448,7 +463,7 @@ def _plain_get(fs: Any, url: str, name: str, into: Into, start: int, end: int | 
     http = fs.plain_http
 
     async def get() -> int:
-        return await _get(await http.set_session(), url, name, into, start, end)
+        return await _get(await http.set_session(), url, name, into, start, end, size)
 
     try:
         return int(sync(http.loop, get))
@@ -501,12 +516,25 @@ class HTTPSBackend(StoreBackend):
         return fs
 
     @classmethod
-    def read(cls, fs: Any, path: str) -> bytes:
+    def read(cls, fs: Any, path: str, size: int) -> bytes:
         """A small file in one GET in this thread (``httpget.BlockingClient``); one the
         server redirects, through fsspec's client, which checks the host of every
         connection it opens."""
-        body = fs.blocking.read(fs.encode_url(path), path)
-        return body if body is not None else super().read(fs, path)
+        body = fs.blocking.read(fs.encode_url(path), path, size)
+        if body is not None:
+            return body
+        from fsspec.asyn import sync
+
+        parts: list[bytes] = []
+
+        async def whole() -> int:
+            return await _get(
+                await fs.set_session(), fs.encode_url(path), path,
+                lambda _, data: parts.append(bytes(data)), 0, None, size, **fs.kwargs,
+            )  # fmt: skip
+
+        sync(fs.loop, whole)
+        return b"".join(parts)
 
     @classmethod
     def read_range(cls, fs: Any, path: str, start: int, end: int, into: Into) -> int:
@@ -523,8 +551,9 @@ class HTTPSBackend(StoreBackend):
 
         async def stream() -> int:
             return await _get(
-                await fs.set_session(), fs.encode_url(path), path, into, start, end, **fs.kwargs
-            )
+                await fs.set_session(), fs.encode_url(path), path, into, start, end, end - start,
+                **fs.kwargs,
+            )  # fmt: skip
 
         return int(sync(fs.loop, stream))
 

@@ -67,6 +67,15 @@ def judge(status: int, reason: str, name: str, ranged: bool) -> None:
         )
 
 
+def too_much(name: str, most: int) -> TransferError:
+    """A server sent more than the ``most`` bytes asked for (a range) or planned (a whole
+    file, by its listing): transient, as ``judge``'s refusals (a mirror behind it may answer
+    the next try); what came is not kept."""
+    return TransferError(
+        f"{name}: the server sent more than the {most} bytes asked for", permanent=False
+    )
+
+
 class BlockingClient:
     """GETs of ``https://`` URLs (``http://`` too: a local emulator), each in the calling
     thread over a connection kept for the next (one per thread at a time, any number idle):
@@ -85,21 +94,32 @@ class BlockingClient:
 
     def read_range(self, url: Any, name: str, start: int, end: int, into: Into) -> int | None:
         """Bytes ``start`` to ``end`` into ``into``, in pieces (each valid during its call
-        alone: the buffer is reused); the number of bytes read."""
+        alone: the buffer is reused); the number of bytes read. A body longer than the
+        range is refused (``too_much``), nothing past ``end`` handed on."""
 
         def pieces(reply: http.client.HTTPResponse) -> int:
             buffer = memoryview(bytearray(min(PIECE, end - start)))
             at = start
-            while n := reply.readinto(buffer):
+            while at < end and (n := reply.readinto(buffer[: end - at])):
                 into(at, buffer[:n])
                 at += n
+            if at == end and reply.read(1):
+                raise too_much(name, end - start)
             return at - start
 
         return self._get(url, name, {"Range": f"bytes={start}-{end - 1}"}, pieces)
 
-    def read(self, url: Any, name: str) -> bytes | None:
-        """The whole body."""
-        return self._get(url, name, {}, lambda reply: reply.read())
+    def read(self, url: Any, name: str, size: int) -> bytes | None:
+        """The whole body, planned at ``size`` bytes: a longer one is refused after
+        ``size`` + 1 bytes (``too_much``), never gathered whole."""
+
+        def body(reply: http.client.HTTPResponse) -> bytes:
+            data = reply.read(size + 1)
+            if len(data) > size:
+                raise too_much(name, size)
+            return data
+
+        return self._get(url, name, {}, body)
 
     def _get(
         self,

@@ -182,7 +182,7 @@ class GenericMover(Mover):
                 data = f.read()
         else:
             fs, path = self.src.fs(task.src), self.src.path(task.src)
-            data = self._call(lambda: self.src.backend.read(fs, path), task.src)
+            data = self._call(lambda: self.src.backend.read(fs, path, task.size), task.src)
         if len(data) != task.size:
             raise TransferError(
                 f"size mismatch: read {len(data)} bytes of {task.src}, planned {task.size}",
