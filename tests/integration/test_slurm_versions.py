@@ -42,7 +42,13 @@ def daemon_log(cluster: Cluster, job: str) -> list[dict]:
 def test_hooks_carry_the_owner_and_24_11_submits_then_polls(
     cluster: Cluster, workdir: Path
 ) -> None:
-    src = make_tree(workdir / "src", 300, 64 << 10, digits=3)
+    # Long enough to be polled: Slurm calls test_data_in right after data_in, and a stage-in
+    # done by then is answered from the daemon's mark, without a request (300 x 64 KiB from
+    # the page cache were staged before that first poll in CI, 2026-11-29). 300 MiB, read
+    # from the disk, take some 0.2 s or more; the stage-out (from the page cache) as long.
+    src = make_tree(workdir / "src", 300, 1 << 20, digits=3, fill="rotated")
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
     as_user(workdir)
     job = cluster.submit(
         workdir,
