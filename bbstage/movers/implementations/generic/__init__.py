@@ -150,18 +150,17 @@ class StoreBackend(Backend):
 
 
 async def _get(
-    session: Any, url: str, name: str, into: Into, start: int, end: int | None, size: int,
+    session: Any, url: str, name: str, into: Into, start: int, end: int | None, most: int,
     **kwargs: Any,
 ) -> int:  # fmt: skip
-    """One GET of ``url`` (bytes ``start`` to ``end``; ``end`` None: the whole file, planned
-    at ``size`` bytes), its body handed to ``into`` as it arrives; the number of bytes read.
-    Errors name ``name``, never ``url`` (Azure's carries a signature). A server that ignores
-    ``Range`` (200) is refused rather than read whole; one that sends more than the range or
-    the planned size, before a byte past them is handed on (``too_much``)."""
+    """One GET of ``url`` (bytes ``start`` to ``end``; ``end`` None: the whole file), its body
+    handed to ``into`` as it arrives; the number of bytes read. Errors name ``name``, never
+    ``url`` (Azure's carries a signature). A server that ignores ``Range`` (200) is refused
+    rather than read whole; one that sends more than ``most`` bytes (the range's, or the
+    whole file's planned size), before a byte past them is handed on (``too_much``)."""
     headers = dict(kwargs.pop("headers", {}))
     if end is not None:
         headers["Range"] = f"bytes={start}-{end - 1}"
-    most = size if end is None else end - start
     async with session.get(url, headers=headers, **kwargs) as reply:
         judge(reply.status, reply.reason or "", name, ranged=end is not None)
         at = start
@@ -444,31 +443,39 @@ def _listed(page: bytes, top: str, found: dict[str, dict[str, Any]]) -> str:
     return answer.findtext("NextMarker") or ""
 
 
-def _plain_body(fs: Any, url: str, name: str, size: int) -> bytes:
-    """The whole body of a plain GET of ``url`` (``_plain_get``), planned at ``size``."""
+def _plain_body(fs: Any, url: str, name: str, most: int) -> bytes:
+    """The whole body of a plain GET of ``url`` (``_plain_get``), of at most ``most`` bytes."""
     parts: list[bytes] = []
-    _plain_get(fs, url, name, lambda _, data: parts.append(bytes(data)), 0, None, size)
+    _plain_get(fs, url, name, lambda _, data: parts.append(bytes(data)), 0, None, most)
     return b"".join(parts)
 
 
 def _plain_get(
-    fs: Any, url: str, name: str, into: Into, start: int, end: int | None, size: int
+    fs: Any, url: str, name: str, into: Into, start: int, end: int | None, most: int
 ) -> int:
-    """``_get`` through the plain session kept beside ``fs`` (``AzureBackend.filesystem``),
-    every client error named by ``name`` alone: aiohttp's messages quote the URL, and this
-    one holds a signature."""
+    """``_session_get`` through the plain session kept beside ``fs``
+    (``AzureBackend.filesystem``), every client error named by ``name`` alone: aiohttp's
+    messages quote the URL, and this one holds a signature."""
     import aiohttp
-    from fsspec.asyn import sync
-
-    http = fs.plain_http
-
-    async def get() -> int:
-        return await _get(await http.set_session(), url, name, into, start, end, size)
 
     try:
-        return int(sync(http.loop, get))
+        return _session_get(fs.plain_http, url, name, into, start, end, most)
     except aiohttp.ClientError as exc:
         raise TransferError(f"{type(exc).__name__}: {name}", permanent=False) from None
+
+
+def _session_get(
+    http: Any, url: str, name: str, into: Into, start: int, end: int | None, most: int
+) -> int:
+    """``_get`` through the aiohttp session of fsspec's HTTP filesystem ``http``, from any
+    thread but its event loop's (it follows a redirect; HTTPS's checks each host)."""
+    from fsspec.asyn import sync
+
+    async def get() -> int:
+        session = await http.set_session()
+        return await _get(session, url, name, into, start, end, most, **http.kwargs)
+
+    return int(sync(http.loop, get))
 
 
 class HTTPSBackend(StoreBackend):
@@ -523,17 +530,9 @@ class HTTPSBackend(StoreBackend):
         body = fs.blocking.read(fs.encode_url(path), path, size)
         if body is not None:
             return body
-        from fsspec.asyn import sync
-
         parts: list[bytes] = []
-
-        async def whole() -> int:
-            return await _get(
-                await fs.set_session(), fs.encode_url(path), path,
-                lambda _, data: parts.append(bytes(data)), 0, None, size, **fs.kwargs,
-            )  # fmt: skip
-
-        sync(fs.loop, whole)
+        into: Into = lambda _, data: parts.append(bytes(data))  # noqa: E731
+        _session_get(fs, fs.encode_url(path), path, into, 0, None, size)
         return b"".join(parts)
 
     @classmethod
@@ -543,19 +542,10 @@ class HTTPSBackend(StoreBackend):
         one string: a copy of every byte and a quarter more CPU per GiB, on the CPUs the
         server needs too). A server that ignores ``Range`` (200) is refused rather than
         read whole. A redirected range is read through fsspec's client, as ``read``."""
-        from fsspec.asyn import sync
-
         got = fs.blocking.read_range(fs.encode_url(path), path, start, end, into)
         if got is not None:
             return int(got)
-
-        async def stream() -> int:
-            return await _get(
-                await fs.set_session(), fs.encode_url(path), path, into, start, end, end - start,
-                **fs.kwargs,
-            )  # fmt: skip
-
-        return int(sync(fs.loop, stream))
+        return _session_get(fs, fs.encode_url(path), path, into, start, end, end - start)
 
     @classmethod
     def strip(cls, url: str) -> str:
