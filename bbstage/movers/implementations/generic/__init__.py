@@ -32,11 +32,13 @@ table (``_ERRORS``, as s3fs's ``errors.py``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import os
 import re
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -444,24 +446,38 @@ def _listed(page: bytes, top: str, found: dict[str, dict[str, Any]]) -> str:
 
 
 def _plain_body(fs: Any, url: str, name: str, most: int) -> bytes:
-    """The whole body of a plain GET of ``url`` (``_plain_get``), of at most ``most`` bytes."""
-    parts: list[bytes] = []
-    _plain_get(fs, url, name, lambda _, data: parts.append(bytes(data)), 0, None, most)
-    return b"".join(parts)
+    """``_session_body`` through the plain session kept beside ``fs`` (``_plain_get``)."""
+    with _named_only(name):
+        return _session_body(fs.plain_http, url, name, most)
 
 
 def _plain_get(
     fs: Any, url: str, name: str, into: Into, start: int, end: int | None, most: int
 ) -> int:
     """``_session_get`` through the plain session kept beside ``fs``
-    (``AzureBackend.filesystem``), every client error named by ``name`` alone: aiohttp's
-    messages quote the URL, and this one holds a signature."""
+    (``AzureBackend.filesystem``), every client error named by ``name`` alone
+    (``_named_only``)."""
+    with _named_only(name):
+        return _session_get(fs.plain_http, url, name, into, start, end, most)
+
+
+@contextlib.contextmanager
+def _named_only(name: str) -> Iterator[None]:
+    """An aiohttp client error as a transient failure naming ``name`` alone: aiohttp's
+    messages quote the URL, and a signed one holds a signature."""
     import aiohttp
 
     try:
-        return _session_get(fs.plain_http, url, name, into, start, end, most)
+        yield
     except aiohttp.ClientError as exc:
         raise TransferError(f"{type(exc).__name__}: {name}", permanent=False) from None
+
+
+def _session_body(http: Any, url: str, name: str, most: int) -> bytes:
+    """The whole body of one GET of ``url`` (``_session_get``), of at most ``most`` bytes."""
+    parts: list[bytes] = []
+    _session_get(http, url, name, lambda _, data: parts.append(bytes(data)), 0, None, most)
+    return b"".join(parts)
 
 
 def _session_get(
@@ -528,12 +544,7 @@ class HTTPSBackend(StoreBackend):
         server redirects, through fsspec's client, which checks the host of every
         connection it opens."""
         body = fs.blocking.read(fs.encode_url(path), path, size)
-        if body is not None:
-            return body
-        parts: list[bytes] = []
-        into: Into = lambda _, data: parts.append(bytes(data))  # noqa: E731
-        _session_get(fs, fs.encode_url(path), path, into, 0, None, size)
-        return b"".join(parts)
+        return body if body is not None else _session_body(fs, fs.encode_url(path), path, size)
 
     @classmethod
     def read_range(cls, fs: Any, path: str, start: int, end: int, into: Into) -> int:
