@@ -168,6 +168,13 @@ class Backend:
         return found
 
     @classmethod
+    def info(cls, fs: Any, path: str) -> dict[str, Any]:
+        """One file's info (``type``, ``size``, a modification time), for a listing that
+        gives no sizes (HTTP's): fsspec's ``info``."""
+        info: dict[str, Any] = fs.info(path)
+        return info
+
+    @classmethod
     def check_settings(cls, raw: dict[str, Any]) -> None:
         """Check this backend's table of the daemon config; raise ``TransferError`` naming
         what is wrong. Nothing to check by default."""

@@ -435,12 +435,15 @@ def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_che
     stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """HTTPS files are read in the threads that ask for them (``httpget.BlockingClient``):
-    12 ranges by 4 threads open no more than 4 connections, 40 small files by 8 threads no
-    more than 8, and the bytes are the files'; a connection the server closed while it was
-    kept is opened again. A range or a file the server redirects is
-    read through fsspec's client, which follows the redirect to an allowed host, and
+    12 ranges by 4 threads open no more than 4 connections; 40 small files, their sizes
+    asked 16 at once (HEADs) and read by 8 threads, no more than 16, and fsspec's client
+    none; the bytes are the files'; a connection the server closed while it was kept is
+    opened again. A range, a file or a size the server redirects (or a HEAD it refuses) is
+    asked through fsspec's client, which follows the redirect to an allowed host, and
     refuses one to a host the site has not allowed (a listener there sees no connection)."""
     import http.client
+
+    from fsspec.implementations import http as fsspec_http
 
     from bbstage import movers
 
@@ -454,6 +457,14 @@ def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_che
         connect(self)
 
     monkeypatch.setattr(http.client.HTTPSConnection, "connect", counted)
+    looped: list[str] = []  # what fsspec's own client asked
+    file_info = fsspec_http._file_info
+
+    async def counted_info(url: str, *args: Any, **kwargs: Any) -> Any:
+        looped.append(url)
+        return await file_info(url, *args, **kwargs)
+
+    monkeypatch.setattr(fsspec_http, "_file_info", counted_info)
     gen = open_store(
         "https", stores_env, StoreOptions({"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]})
     )
@@ -469,10 +480,12 @@ def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_che
         for name, data in small.items():
             store.put(name, data)
         opened.clear()
+        looped.clear()
         events = suite.run(store, store.url("t/"), str(tmp_path / "t") + "/", threads=8)
         assert isinstance(events[-1], Done) and events[-1].files == 40, events[-1]
         assert all((tmp_path / k).read_bytes() == v for k, v in small.items())
-        assert 1 <= len(opened) <= 8, len(opened)
+        assert 1 <= len(opened) <= 16, len(opened)
+        assert not [u for u in looped if "/t/f" in str(u)], looped
         (tmp_path / "www").mkdir()
         (tmp_path / "www" / "f").write_bytes(b"kept")
         with _tls_server(stores_env, tmp_path / "www", timeout=0.2) as port:  # idle: closed
@@ -515,11 +528,18 @@ def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_che
                     https.read(fs, f"https://127.0.0.1:{port}/moved-small", small_size)
                     == small["t/f01"]
                 )
+                # this server's HEAD refuses (404): the size is asked again by fsspec's GET
+                looped.clear()
+                moved_small = f"https://127.0.0.1:{port}/moved-small"
+                assert https.info(fs, moved_small)["size"] == small_size
+                assert looped, "the size of a refused HEAD was not asked again"
                 away_url = f"https://127.0.0.1:{port}/away"
                 with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
                     https.read_range(fs, away_url, 0, 10, into)
                 with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
                     https.read(fs, away_url, 10)
+                with pytest.raises(FileNotFoundError):  # fsspec's info: any failure
+                    https.info(fs, away_url)
         assert not seen, "a redirect reached a host the site did not allow"
     finally:
         next(gen, None)

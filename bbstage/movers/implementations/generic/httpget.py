@@ -79,7 +79,8 @@ def too_much(name: str, most: int) -> TransferError:
 class BlockingClient:
     """GETs of ``https://`` URLs (``http://`` too: a local emulator), each in the calling
     thread over a connection kept for the next (one per thread at a time, any number idle):
-    byte ranges (``read_range``) and small files whole (``read``). ``check(url)`` refuses a
+    byte ranges (``read_range``), small files whole (``read``), and sizes (``size``, a
+    HEAD). ``check(url)`` refuses a
     host the site has not allowed (https: ``allowed_hosts``), before any connection to it.
     URLs are ``yarl.URL``s, encoded as fsspec encodes them. A redirect is answered None,
     nothing read."""
@@ -121,12 +122,26 @@ class BlockingClient:
 
         return self._get(url, name, {}, body)
 
+    def size(self, url: Any, name: str) -> int | None:
+        """The size a HEAD answers (``Content-Length`` of a body sent as is); None for a
+        redirect, a refusal or a reply that names none: the caller asks fsspec's client,
+        which follows a redirect and tries a GET where a HEAD tells nothing."""
+
+        def length(reply: http.client.HTTPResponse) -> int | None:
+            reply.read()
+            given = reply.getheader("Content-Length", "")
+            coded = reply.getheader("Content-Encoding", "identity") not in ("identity", "")
+            return int(given) if given.isdigit() and not coded else None
+
+        return self._get(url, name, {}, length, "HEAD")
+
     def _get(
         self,
         url: Any,
         name: str,
         headers: dict[str, str],
-        body: Callable[[http.client.HTTPResponse], T],
+        body: Callable[[http.client.HTTPResponse], T | None],
+        method: str = "GET",
     ) -> T | None:
         self._check(str(url))
         key = (url.scheme, url.raw_host, url.port)
@@ -139,17 +154,17 @@ class BlockingClient:
         kept = False
         try:
             try:
-                conn.request("GET", url.raw_path_qs, headers=headers)
+                conn.request(method, url.raw_path_qs, headers=headers)
                 reply = conn.getresponse()
             except ConnectionError:
                 if fresh:
                     raise
                 conn.close()  # kept past the server's patience: it closed it
                 conn = self._connect(*key)
-                conn.request("GET", url.raw_path_qs, headers=headers)
+                conn.request(method, url.raw_path_qs, headers=headers)
                 reply = conn.getresponse()
-            if 300 <= reply.status < 400:
-                return None
+            if 300 <= reply.status < 400 or (method == "HEAD" and reply.status != 200):
+                return None  # a HEAD refused may be a GET allowed: the caller asks fsspec
             judge(reply.status, reply.reason, name, ranged="Range" in headers)
             got = body(reply)
             kept = reply.isclosed() and not reply.will_close  # read to its end, kept alive

@@ -79,7 +79,7 @@ class GenericMover(Mover):
                     raise TransferError(f"no such file or directory: nothing matches {src}")
                 return tasks
             if not tree:
-                info = fs.info(root)
+                info = backend.info(fs, root)
                 if info.get("type") == "directory":
                     raise not_a_file(src)
                 return [self._task(src, dst, info)]
@@ -99,7 +99,7 @@ class GenericMover(Mover):
         ]
         if unsized:  # a listing without sizes (HTTP): each file asked, INFOS at once
             with ThreadPoolExecutor(INFOS, thread_name_prefix="info") as pool:
-                asked = pool.map(lambda p: self._call(lambda: fs.info(p), src), unsized)
+                asked = pool.map(lambda p: self._call(lambda: backend.info(fs, p), src), unsized)
                 found.update(zip(unsized, asked, strict=True))
         for path, info in sorted(found.items()):
             rel = path[len(top) :] if path.startswith(top) else ""
