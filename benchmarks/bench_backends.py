@@ -58,6 +58,22 @@ def rclone_remote(
     return {base + k: v for k, v in cfg.items()}, "bb:", flags
 
 
+def https_server(env: dict[str, str]) -> str:
+    """The HTTPS server's own name (its ``Server`` header, "nginx/1.22.1"): rclone's
+    figures and bbstage's depend on how much of the shared CPUs it takes."""
+    import http.client
+    import ssl
+
+    host, port = env["BBSTAGE_HTTPS_URL"].split("://", 1)[1].rsplit(":", 1)
+    context = ssl.create_default_context(cafile=env["BBSTAGE_HTTPS_CA"])
+    conn = http.client.HTTPSConnection(host, int(port), context=context, timeout=10)
+    try:
+        conn.request("HEAD", "/")
+        return conn.getresponse().getheader("Server") or "?"
+    finally:
+        conn.close()
+
+
 def rclone_path(kind: str, url: str) -> str:
     rest = url.split("://", 1)[1]
     if kind == "sftp":
@@ -217,7 +233,8 @@ def main() -> None:
         args.name,
         {"environment": common.environment(big=big, files=args.files, file_size=small,
                                            repeat=args.repeat,
-                                           load=[load_start, os.getloadavg()[0]]),
+                                           load=[load_start, os.getloadavg()[0]],
+                                           https_server=https_server(env)),
          "goal": ">= 1.0x rclone", "results": results,
          "title": f"Generic backends: {', '.join(args.kinds.split(','))}"
                   + (f", best of {args.repeat} runs" if args.repeat > 1 else "")},

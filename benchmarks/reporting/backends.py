@@ -11,11 +11,14 @@ from .text import env_line, rate, size
 def backends(result: dict[str, Any], plots: bool) -> list[str]:
     env, cells = result["environment"], result["results"]
     small = f"{env['files']:,} × {size(env['file_size'])}"
+    server = env.get("https_server")  # runs before 2026-11-29 name none: Python's http.server
+    https = f"`{server}` serving HTTPS" if server else "an HTTPS server"
+    https += " with a test CA"
     lines = [
         f"## {result.get('title', 'Generic backends: gs, az, sftp, https')}",
         "",
         "`benchmarks/bench_backends.py`: each store's local server (`scripts/local-stores`:",
-        "gcp-storage-emulator, Azurite, OpenSSH, an HTTPS server with a test CA), one big file",
+        f"gcp-storage-emulator, Azurite, OpenSSH, {https}), one big file",
         f"({size(env['big'])}) and {small} files each way (https: down only), through",
         "bbstage's generic mover (`worker.transfer` in the benchmark's process), rclone and",
         "fsspec's own `put`/`get`, in rotating order, same data; MB/s of the fastest of",
