@@ -431,6 +431,45 @@ def test_a_server_that_sends_more_than_was_asked_for_is_refused(
     assert sent and max(sent) < extra, sent
 
 
+@pytest.mark.parametrize(
+    "said",
+    ["5" * 5000, "+7", "7, 7", "\u00b2", "", "gzip"],
+    ids=["long", "sign", "two", "superscript", "none", "coded"],
+)
+def test_a_size_a_head_does_not_say_plainly_is_asked_by_a_get(
+    stores_env: dict[str, str], tmp_path: Path, said: str
+) -> None:
+    """A HEAD whose ``Content-Length`` is not plain digits (5,000 of them, a sign, two
+    headers, a superscript digit, none) or whose body is encoded is not believed: the
+    size is asked again through fsspec's client, whose GET tells the file's size."""
+    from bbstage import movers
+
+    def do_HEAD(self: Any) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        if said == "gzip":
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", "3")
+        elif said == "7, 7":
+            self.send_header("Content-Length", "7")
+            self.send_header("Content-Length", "7")
+        elif said:
+            self.send_header("Content-Length", said)
+        self.send_header("Connection", "close")
+        self.end_headers()
+
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "f").write_bytes(b"x" * 1234)
+    with _tls_server(stores_env, tmp_path / "www", do_HEAD=do_HEAD) as port:
+        https = movers.backend("https")
+        options = StoreOptions(
+            {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [f"127.0.0.1:{port}"]}
+        )
+        url = f"https://127.0.0.1:{port}/f"
+        fs = https.filesystem(options, url)
+        assert fs.blocking.size(fs.encode_url(url), url) is None
+        assert https.info(fs, url)["size"] == 1234
+
+
 def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_checked(
     stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -129,9 +129,10 @@ class BlockingClient:
 
         def length(reply: http.client.HTTPResponse) -> int | None:
             reply.read()
-            given = reply.getheader("Content-Length", "")
+            given = reply.getheader("Content-Length", "")  # two headers: "5, 6"
             coded = reply.getheader("Content-Encoding", "identity") not in ("identity", "")
-            return int(given) if given.isdigit() and not coded else None
+            plain = given.isascii() and given.isdigit() and len(given) <= 18
+            return int(given) if plain and not coded else None
 
         return self._get(url, name, {}, length, "HEAD")
 
