@@ -1,6 +1,6 @@
 """Plain HTTP GETs of the generic stores: the rules every reply is judged by (``judge``),
-the TLS every ``https://`` connection is verified with (``tls_context``), and HTTPS GETs in
-the thread that asks for them (``BlockingClient``).
+the TLS every ``https://`` connection is verified with (``tls_context``), and HTTPS GETs and
+HEADs in the thread that asks for them (``BlockingClient``).
 
 Why a client of its own: fsspec's event loop runs every connection in its one thread, so
 one thread decrypts the TLS of every range of a big file, and every small file is two hops
@@ -79,11 +79,10 @@ def too_much(name: str, most: int) -> TransferError:
 class BlockingClient:
     """GETs of ``https://`` URLs (``http://`` too: a local emulator), each in the calling
     thread over a connection kept for the next (one per thread at a time, any number idle):
-    byte ranges (``read_range``), small files whole (``read``), and sizes (``size``, a
-    HEAD). ``check(url)`` refuses a
-    host the site has not allowed (https: ``allowed_hosts``), before any connection to it.
-    URLs are ``yarl.URL``s, encoded as fsspec encodes them. A redirect is answered None,
-    nothing read."""
+    byte ranges (``read_range``), small files whole (``read``) and sizes (``size``, a
+    HEAD). ``check(url)`` refuses a host the site has not allowed (https:
+    ``allowed_hosts``), before any connection to it. URLs are ``yarl.URL``s, encoded as
+    fsspec encodes them. A redirect (and a HEAD refused) is answered None, nothing read."""
 
     def __init__(
         self, context: ssl.SSLContext, check: Callable[[str], None] = lambda url: None
