@@ -13,6 +13,7 @@ emptied page cache (root) and one untimed copy by bbstage.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -120,6 +121,8 @@ def main() -> None:
     for i in range(args.files):
         (src / "small" / f"f{i:05d}").write_bytes(os.urandom(small))
     results: dict[str, Any] = {}
+    outputs = contextlib.ExitStack()
+    outs, stored = outputs.enter_context(common.outputs_on_a_journal(work))
     load_start = os.getloadavg()[0]
     options = {
         "gs": StoreOptions({"endpoint_url": env["BBSTAGE_GS_ENDPOINT"], "anonymous": "true"}),
@@ -154,7 +157,7 @@ def main() -> None:
                     # VM a full page cache put the kernel's reclaim into whichever copy wrote
                     # next (1 GiB over HTTPS: 1-2 s of system CPU against 0.5 s)
                     settle("drop" if can_drop_caches() else "warm")
-                    out = work / "warm-up"
+                    out = outs / "warm-up"
                     out.mkdir()
                     target = store.url(f"warm-up/{'big.dat' if case == 'big' else 'small/'}")
                     a, b = (
@@ -169,7 +172,7 @@ def main() -> None:
                     for rep in range(args.repeat):
                         ran: dict[str, float] = {}
                         for who in common.rotate(list(times), rep):
-                            out = work / f"out-{uuid.uuid4().hex[:6]}"
+                            out = outs / f"out-{uuid.uuid4().hex[:6]}"
                             name = "big.dat" if case == "big" else "small/"
                             target = store.url(f"up-{who}-{rep}/{name}")
                             if direction == "up":
@@ -228,13 +231,15 @@ def main() -> None:
                           flush=True)  # fmt: skip
             next(gen, None)
     finally:
+        outputs.close()
         shutil.rmtree(work, ignore_errors=True)
     common.save_result(
         args.name,
         {"environment": common.environment(big=big, files=args.files, file_size=small,
                                            repeat=args.repeat,
                                            load=[load_start, os.getloadavg()[0]],
-                                           https_server=https_server(env)),
+                                           https_server=https_server(env),
+                                           outputs=stored),
          "goal": ">= 1.0x rclone", "results": results,
          "title": f"Generic backends: {', '.join(args.kinds.split(','))}"
                   + (f", best of {args.repeat} runs" if args.repeat > 1 else "")},

@@ -29,11 +29,22 @@ No module outside a backend names a scheme (``tests/unit/test_layout.py`` checks
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from bbstage.movers.base import BackendOptions, TransferError
+
+T, R = TypeVar("T"), TypeVar("R")
+INFOS = 16  # a listing without sizes: files asked for theirs at once (``Backend.infos``)
+
+
+def at_once(ask: Callable[[T], R], items: list[T]) -> list[R]:
+    """``ask(item)`` of each of ``items``, ``INFOS`` at once; the first error raised."""
+    with ThreadPoolExecutor(INFOS, thread_name_prefix="info") as pool:
+        return list(pool.map(ask, items))
+
 
 # where a range's bytes go: (their offset in the file, the bytes: valid during the call alone,
 # a reader may reuse its buffer)
@@ -173,6 +184,23 @@ class Backend:
         gives no sizes (HTTP's): fsspec's ``info``."""
         info: dict[str, Any] = fs.info(path)
         return info
+
+    @classmethod
+    def infos(cls, fs: Any, paths: list[str]) -> Iterable[dict[str, Any]]:
+        """``info`` of each of ``paths`` (a listing without sizes), in order, ``INFOS``
+        asked at once; the first error raised. An iterator may answer each as it comes
+        (the plan is read as it is made)."""
+        return at_once(lambda path: cls.info(fs, path), paths)
+
+    @classmethod
+    def prefetch(cls, fs: Any, path: str, size: int) -> None:
+        """Start reading a small file that ``read`` will be asked for (a hint, never an
+        error: ``read`` fails as it would have). By default nothing is started."""
+
+    @classmethod
+    def close(cls, fs: Any) -> None:
+        """The transfer has ended: stop what ``fs`` still does for it (reads started ahead).
+        By default nothing."""
 
     @classmethod
     def check_settings(cls, raw: dict[str, Any]) -> None:

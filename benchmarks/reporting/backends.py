@@ -29,6 +29,11 @@ def backends(result: dict[str, Any], plots: bool) -> list[str]:
         "Servers and clients share the machine's CPUs: the figures are indicative, and a",
         "client's CPU seconds (bbstage's and fsspec's: the benchmark's process; rclone's: its",
         "process) are time its server did not get.",
+        *(
+            [f"The copies wrote to an {env['outputs']}: see `outputs_on_a_journal`."]
+            if env.get("outputs", "as is") != "as is"
+            else []
+        ),
         "",
         "| store | case | way | bbstage MB/s | rclone MB/s | fsspec MB/s | × rclone"
         " | run by run | goal | CPU s bbstage / rclone |",

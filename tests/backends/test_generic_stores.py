@@ -108,12 +108,29 @@ def test_sftp_speaks_aes_gcm_where_the_cpu_has_aes(
 def test_https_is_verified_without_the_sites_ca_bundle_it_fails(
     stores_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """TLS is verified: the test CA is trusted only through [https] ca_bundle."""
+    """TLS is verified: the test CA is trusted only through [https] ca_bundle. Each of
+    the clients refuses the server: sizes', small files' and ranges' (libcurl), listings'
+    (fsspec's aiohttp)."""
+    import ssl
+
+    from bbstage import movers
+
     (Path(stores_env["BBSTAGE_HTTPS_ROOT"]) / "verify.dat").write_bytes(b"x")
     url = stores_env["BBSTAGE_HTTPS_URL"] + "/verify.dat"
-    events = BackendSuite().run(_no_store("https", stores_env), url, str(tmp_path / "x"))
+    store = _no_store("https", stores_env)
+    events = BackendSuite().run(store, url, str(tmp_path / "x"))
     assert isinstance(events[-1], Failed) and "certificate" in events[-1].message.lower()
     assert not (tmp_path / "x").exists()
+    https = movers.backend("https")
+    fs = https.filesystem(store.options, url)
+    for read in (
+        lambda: https.info(fs, url),
+        lambda: https.read(fs, url, 1),
+        lambda: https.read_range(fs, url, 0, 1, lambda at, data: None),
+        lambda: fs.ls(stores_env["BBSTAGE_HTTPS_URL"] + "/"),
+    ):
+        with pytest.raises(ssl.SSLCertVerificationError):
+            read()
 
 
 def _no_store(kind: str, env: dict[str, str]) -> Store:
@@ -289,6 +306,37 @@ def test_a_host_the_site_has_not_allowed_is_never_reached(
     assert not seen, "a host the site did not allow was reached"
 
 
+def test_https_reads_go_through_no_proxy_the_environment_names(
+    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's environment may name a proxy (``https_proxy``, ``all_proxy`` ...): HTTPS
+    reads go straight to the allowed host, a file by ranges, a tree's small files and their
+    sizes (HEADs) alike; a listener named as every proxy sees no connection."""
+    with _listener("127.0.0.1") as (port, seen):
+        for name in ("http_proxy", "https_proxy", "all_proxy"):
+            monkeypatch.setenv(name, f"http://127.0.0.1:{port}")
+            monkeypatch.setenv(name.upper(), f"http://127.0.0.1:{port}")
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        gen = open_store(
+            "https", stores_env, StoreOptions({"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]})
+        )
+        store = next(gen)
+        try:
+            files = {"p/big": os.urandom(9 << 20), "p/t/a": b"a" * 1000, "p/t/b": b"b" * 10}
+            for name, data in files.items():
+                store.put(name, data)
+            suite = BackendSuite()
+            events = suite.run(store, store.url("p/big"), str(tmp_path / "p" / "big"))
+            assert isinstance(events[-1], Done), events[-1]
+            events = suite.run(store, store.url("p/t/"), str(tmp_path / "p" / "t") + "/")
+            assert isinstance(events[-1], Done) and events[-1].files == 2, events[-1]
+            assert all((tmp_path / k).read_bytes() == v for k, v in files.items())
+        finally:
+            next(gen, None)
+    assert not seen, "a read went through the proxy the environment names"
+
+
 def test_allowed_hosts_in_the_daemon_config_are_checked() -> None:
     """``allowed_hosts``: a list of host or host:port; anything else is refused at load."""
     from bbstage import movers
@@ -343,24 +391,36 @@ def test_a_server_that_answers_a_range_with_the_whole_file_is_refused(
     stores_env: dict[str, str], tmp_path: Path
 ) -> None:
     """HTTPS ranges are streamed into place as they arrive (``read_range``): a server that
-    ignores ``Range`` and sends the whole file (200, as Python's own http.server does) is
-    refused before a byte is handed on, as a transient failure (a mirror behind it may
-    answer the next try)."""
+    ignores ``Range`` and sends the whole file (200, as Python's own http.server does), its
+    length said or not (chunked), is refused before a byte is handed on, as a transient
+    failure (a mirror behind it may answer the next try)."""
     from bbstage import movers
+
+    def chunked(self: Any) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for _ in range(3):
+            self.wfile.write(b"%x\r\n%s\r\n" % (1 << 16, b"x" * (1 << 16)))
+        self.wfile.write(b"0\r\n\r\n")
 
     (tmp_path / "www").mkdir()
     (tmp_path / "www" / "big").write_bytes(os.urandom(3 << 20))
-    with _tls_server(stores_env, tmp_path / "www") as port:
-        https = movers.backend("https")
-        options = StoreOptions(
-            {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [f"127.0.0.1:{port}"]}
-        )
-        url = f"https://127.0.0.1:{port}/big"
-        fs = https.filesystem(options, url)
-        handed: list[int] = []
-        with pytest.raises(TransferError, match="answered a byte range with the whole file") as e:
-            https.read_range(fs, url, 1 << 20, 2 << 20, lambda at, data: handed.append(at))
-        assert not e.value.permanent and handed == []
+    for methods in ({}, {"do_GET": chunked}):
+        with _tls_server(stores_env, tmp_path / "www", **methods) as port:
+            https = movers.backend("https")
+            options = StoreOptions(
+                {
+                    "ca_bundle": stores_env["BBSTAGE_HTTPS_CA"],
+                    "allowed_hosts": [f"127.0.0.1:{port}"],
+                }
+            )
+            url = f"https://127.0.0.1:{port}/big"
+            fs = https.filesystem(options, url)
+            handed: list[int] = []
+            with pytest.raises(TransferError, match="answered a byte range with the whole") as e:
+                https.read_range(fs, url, 1 << 20, 2 << 20, lambda at, data, h=handed: h.append(at))
+            assert not e.value.permanent and handed == [], methods
 
 
 def test_a_server_that_sends_more_than_was_asked_for_is_refused(
@@ -466,36 +526,43 @@ def test_a_size_a_head_does_not_say_plainly_is_asked_by_a_get(
         )
         url = f"https://127.0.0.1:{port}/f"
         fs = https.filesystem(options, url)
-        assert fs.blocking.size(fs.encode_url(url), url) is None
+        assert fs.blocking.size(str(fs.encode_url(url)), url) is None
         assert https.info(fs, url)["size"] == 1234
 
 
 def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_checked(
     stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """HTTPS files are read in the threads that ask for them (``httpget.BlockingClient``):
-    12 ranges by 4 threads open no more than 4 connections; 40 small files, their sizes
-    asked 16 at once (HEADs) and read by 8 threads, no more than 16, and fsspec's client
-    none; the bytes are the files'; a connection the server closed while it was kept is
-    opened again. A range, a file or a size the server redirects (or a HEAD it refuses) is
-    asked through fsspec's client, which follows the redirect to an allowed host, and
-    refuses one to a host the site has not allowed (a listener there sees no connection)."""
-    import http.client
-
+    """HTTPS files are read by libcurl (``httpget.BlockingClient``) on kept connections:
+    12 ranges by 4 threads open no more than 4 (and the HEAD of its size one); 40 small
+    files, their sizes asked and the files read up to 16 at once, no more than 16, and
+    fsspec's client none; the bytes are the files'; a connection the server closed while it
+    was kept is opened again. A range, a file or a size the server redirects (or a HEAD it
+    refuses) is asked through fsspec's client, which follows the redirect to an allowed
+    host, and refuses one to a host the site has not allowed (a listener there sees no
+    connection)."""
+    import pycurl
     from fsspec.implementations import http as fsspec_http
 
     from bbstage import movers
+    from bbstage.movers.implementations.generic import httpget
 
     https = movers.backend("https")
     monkeypatch.setattr(https, "ranges", (1 << 20, 4))
-    opened: list[object] = []
-    connect = http.client.HTTPSConnection.connect
+    opened: list[object] = []  # the sockets libcurl opened
+    handle = httpget.BlockingClient._handle
 
-    def counted(self: http.client.HTTPSConnection) -> None:
-        opened.append(self)
-        connect(self)
+    def counted(self: httpget.BlockingClient, *args: Any) -> Any:
+        curl = handle(self, *args)
 
-    monkeypatch.setattr(http.client.HTTPSConnection, "connect", counted)
+        def opensocket(purpose: int, address: Any) -> socket.socket:
+            opened.append(address)
+            return socket.socket(address.family, address.socktype, address.protocol)
+
+        curl.setopt(pycurl.OPENSOCKETFUNCTION, opensocket)
+        return curl
+
+    monkeypatch.setattr(httpget.BlockingClient, "_handle", counted)
     looped: list[str] = []  # what fsspec's own client asked
     file_info = fsspec_http._file_info
 
@@ -514,7 +581,7 @@ def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_che
         suite = BackendSuite()
         assert isinstance(suite.run(store, store.url("big"), str(tmp_path / "big"))[-1], Done)
         assert (tmp_path / "big").read_bytes() == body
-        assert 1 <= len(opened) <= 4, len(opened)
+        assert 1 <= len(opened) <= 4 + 1, opened  # the ranges', and the size's (a HEAD)
         small = {f"t/f{i:02d}": os.urandom(1000 + i) for i in range(40)}
         for name, data in small.items():
             store.put(name, data)

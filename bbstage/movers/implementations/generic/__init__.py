@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from bbstage.movers.backends import Backend, Into, UrlRule
+from bbstage.movers.backends import Backend, Into, UrlRule, at_once
 from bbstage.movers.base import BackendOptions, TransferError
 from bbstage.movers.implementations.generic.httpget import (
     BlockingClient,
@@ -324,7 +324,7 @@ class AzureBackend(StoreBackend):
         # run's ratio: 1.13-1.17x, against 1.05-1.08x through the session above. A big
         # blob's ranges stay there: 1.19x against 1.00x (Azurite speaks plain HTTP; there
         # is no TLS to decrypt in parallel)
-        fs.blocking = None if proxied else BlockingClient(tls_context(None))
+        fs.blocking = None if proxied else BlockingClient()
         fs.container_urls = {}  # the SDK's URL of each container (_signed)
         return fs
 
@@ -347,9 +347,7 @@ class AzureBackend(StoreBackend):
         if signed is None:
             return super().read(fs, path, size)
         if fs.blocking is not None:
-            import yarl
-
-            body = fs.blocking.read(yarl.URL(signed, encoded=True), path, size)
+            body = fs.blocking.read(signed, path, size)
             if body is not None:  # (None: redirected; the session follows)
                 return body
         return _plain_body(fs, signed, path, size)
@@ -545,30 +543,56 @@ class HTTPSBackend(StoreBackend):
         client does."""
         fs = super().filesystem(options, url)
         settings = options.settings if isinstance(options, StoreOptions) else {}
-        fs.blocking = BlockingClient(
-            tls_context(settings.get("ca_bundle")), cls.host_check(settings)
-        )
+        fs.blocking = BlockingClient(settings.get("ca_bundle"), cls.host_check(settings))
         return fs
 
     @classmethod
     def read(cls, fs: Any, path: str, size: int) -> bytes:
-        """A small file in one GET in this thread (``httpget.BlockingClient``); one the
-        server redirects, through fsspec's client, which checks the host of every
-        connection it opens."""
-        body = fs.blocking.read(fs.encode_url(path), path, size)
+        """A small file in one GET (``httpget.BlockingClient``; the one ``prefetch`` started, if
+        it did); one the server redirects, through fsspec's client, which checks the host
+        of every connection it opens."""
+        body = fs.blocking.read(str(fs.encode_url(path)), path, size)
         return body if body is not None else _session_body(fs, fs.encode_url(path), path, size)
 
     @classmethod
     def info(cls, fs: Any, path: str) -> dict[str, Any]:
-        """A file's size by a HEAD in this thread (``httpget.BlockingClient``): a listing of
-        1,000 files asked 16 at once in 0.09-0.10 s against fsspec's 0.16-0.19 s. A redirect,
-        an error, or a reply without a plain ``Content-Length`` is asked again through
-        fsspec's ``info`` (its rules: the redirect's host checked, a GET where a HEAD tells
-        nothing, any failure a missing file)."""
-        size = fs.blocking.size(fs.encode_url(path), path)
-        if size is None:
-            return super().info(fs, path)
-        return {"name": path, "size": size, "type": "file"}
+        """A file's size by a HEAD (``infos``)."""
+        return next(cls.infos(fs, [path]))
+
+    @classmethod
+    def infos(cls, fs: Any, paths: list[str]) -> Iterator[dict[str, Any]]:
+        """The files' sizes by HEADs, all asked at once on one thread
+        (``httpget.BlockingClient``), each answered as it comes: a listing of 1,000 files asked
+        in 0.04-0.07 s, against 0.14-0.20 s by 16 threads of HEADs and 0.16-0.19 s through
+        fsspec. A redirect, an error, or a reply without a plain ``Content-Length`` is asked
+        again through fsspec's ``info`` (its rules: the redirect's host checked, a GET where
+        a HEAD tells nothing, any failure a missing file): from the first such file on,
+        the rest are answered 16 at once (a server redirects or refuses all its HEADs,
+        often)."""
+        sizes = fs.blocking.sizes([(str(fs.encode_url(path)), path) for path in paths])
+        fsspec_info = super().info
+
+        def info(path: str, size: int | None) -> dict[str, Any]:
+            if size is None:
+                return fsspec_info(fs, path)
+            return {"name": path, "size": size, "type": "file"}
+
+        for at, (path, size) in enumerate(zip(paths, sizes, strict=True)):
+            if size is None:
+                rest = list(zip(paths[at:], [None, *sizes], strict=True))
+                yield from at_once(lambda item: info(*item), rest)
+                return
+            yield info(path, size)
+
+    @classmethod
+    def prefetch(cls, fs: Any, path: str, size: int) -> None:
+        """A small file's GET started now, with the others' on one thread, up to 16 at
+        once (``httpget.BlockingClient.fetch``), for ``read`` to take."""
+        fs.blocking.fetch(str(fs.encode_url(path)), path, size)
+
+    @classmethod
+    def close(cls, fs: Any) -> None:
+        fs.blocking.close()
 
     @classmethod
     def read_range(cls, fs: Any, path: str, start: int, end: int, into: Into) -> int:
@@ -577,7 +601,7 @@ class HTTPSBackend(StoreBackend):
         one string: a copy of every byte and a quarter more CPU per GiB, on the CPUs the
         server needs too). A server that ignores ``Range`` (200) is refused rather than
         read whole. A redirected range is read through fsspec's client, as ``read``."""
-        got = fs.blocking.read_range(fs.encode_url(path), path, start, end, into)
+        got = fs.blocking.read_range(str(fs.encode_url(path)), path, start, end, into)
         if got is not None:
             return int(got)
         return _session_get(fs, fs.encode_url(path), path, into, start, end, end - start)

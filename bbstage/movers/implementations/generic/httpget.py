@@ -1,51 +1,73 @@
 """Plain HTTP GETs of the generic stores: the rules every reply is judged by (``judge``),
-the TLS every ``https://`` connection is verified with (``tls_context``), and HTTPS GETs and
-HEADs in the thread that asks for them (``BlockingClient``).
+the TLS every ``https://`` connection is verified with (``tls_context``, ``system_cas``),
+and the client of HTTPS reads (``BlockingClient``), over libcurl (pycurl).
 
 Why a client of its own: fsspec's event loop runs every connection in its one thread, so
 one thread decrypts the TLS of every range of a big file, and every small file is two hops
-between threads. ``BlockingClient`` reads over blocking sockets (``http.client``) in the
-thread of the mover that asks: several ranges or files are decrypted at once, a range
-written from one buffer, reused, with no copy between. Against rclone, run by run (the
-median of each run's ratio, docs/performance.md): 1 GiB over HTTPS 0.96-0.97x with the
-same ranges, where the event loop's client reached 0.83-0.86x (1.04-1.05x with the ranges
-kept since); 1,000 x 64 KiB 1.13-1.14x, against 0.91-1.06x.
+between threads. ``BlockingClient`` reads a big file's ranges each in the mover's thread
+that asks (several decrypted at once), and small files and sizes all on one thread of its
+own through libcurl's multi interface, many at once, libcurl's C doing the reading and
+parsing. Python's own clients cost more of the CPUs the server needs too: http.client
+ranges 1.3-2.2x libcurl's CPU for 1 GiB, a thread per small file 3-4x for 1,000 x 64 KiB
+(docs/performance.md).
 
 The rules of the event loop's client hold here too: the host is checked against
-``allowed_hosts`` before each connection is opened; TLS is verified by the same context
-(the system's CAs and the site's ``ca_bundle``); a redirect is not followed here but handed
-back, for that client to follow (it checks every host it connects to); errors name the
-path, never more of the URL. No proxy is used: HTTPS's event-loop client reads none from
-the environment either, and Azure reads through its event loop when the worker's
+``allowed_hosts`` before each request; TLS is verified against the same CAs (the system's
+and the site's ``ca_bundle``); a redirect is not followed here but handed back, for that
+client to follow (it checks every host it connects to); errors name the path, never more
+of the URL. No proxy is used, whatever the environment says: HTTPS's event-loop client
+reads none from it either, and Azure reads through its event loop when the worker's
 environment names one.
 """
 
 from __future__ import annotations
 
-import http.client
+import collections
+import functools
+import http
+import os
+import re
 import ssl
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from itertools import islice
+
+import pycurl
 
 from bbstage.movers.backends import Into
 from bbstage.movers.base import TransferError
 
-PIECE = 1 << 20  # a range's bytes are handed on in pieces of up to this
+PIECE = 1 << 20  # a range's bytes are handed on in pieces of up to this (libcurl's buffer)
 # seconds a connection, a send or a read of a range may take: aiohttp's limit on a whole
 # request (fsspec's client), here on each step; the daemon stops a stalled transfer sooner
 TIMEOUT = 300.0
 
-T = TypeVar("T")
-
 
 def tls_context(bundle: str | None) -> ssl.SSLContext:
-    """Verification against the system's CAs and, if given, the site's ``ca_bundle`` too:
-    it is never turned off."""
-    context = ssl.create_default_context()
+    """Verification against the system's CAs (``system_cas``) and, if given, the site's
+    ``ca_bundle`` too: it is never turned off."""
+    cafile, capath = system_cas()
+    context = ssl.create_default_context(cafile=cafile, capath=capath)
     if bundle:
         context.load_verify_locations(cafile=bundle)
     return context
+
+
+@functools.cache
+def system_cas() -> tuple[str | None, str | None]:
+    """The system's CAs, where OpenSSL's default paths name them: (a file, a directory).
+    The file is left out where the directory holds the same CAs under OpenSSL's hashed
+    names (Debian's /etc/ssl/certs, SUSE's), each read there when a chain needs it; Red
+    Hat's directory has none, so its file is read. Read whole, Debian's file (146 CAs) cost
+    40 ms of CPU for each TLS context in Python and 6-13 ms for each libcurl handle."""
+    paths = ssl.get_default_verify_paths()
+    capath = paths.capath
+    hashed = capath is not None and any(_HASHED.fullmatch(e) for e in os.listdir(capath))
+    return (None if hashed else paths.cafile), capath
+
+
+_HASHED = re.compile(r"[0-9a-f]{8}\.[0-9]+")  # OpenSSL's name of a CA in a CA directory
 
 
 def judge(status: int, reason: str, name: str, ranged: bool) -> None:
@@ -77,106 +99,337 @@ def too_much(name: str, most: int) -> TransferError:
 
 
 class BlockingClient:
-    """GETs of ``https://`` URLs (``http://`` too: a local emulator), each in the calling
-    thread over a connection kept for the next (one per thread at a time, any number idle):
-    byte ranges (``read_range``), small files whole (``read``) and sizes (``size``, a
-    HEAD). ``check(url)`` refuses a host the site has not allowed (https:
-    ``allowed_hosts``), before any connection to it. URLs are ``yarl.URL``s, encoded as
-    fsspec encodes them. A redirect (and a HEAD refused) is answered None, nothing read."""
+    """GETs of ``https://`` URLs (``http://`` too: a local emulator) through libcurl,
+    each answered to the thread that asks: a big file's byte ranges (``read_range``) each
+    over a handle of the asking thread (any number idle, each keeping its connection); small
+    files whole (``read``, and ``fetch`` ahead of it) and sizes (``size``, ``sizes``:
+    HEADs) all on one thread of the client's, up to ``AT_ONCE`` at a time through
+    libcurl's multi interface (a thread per small file cost 3-4 times the CPU, in switches
+    between threads). A small reply is handed to a list's own ``append``, no Python
+    between; a range's pieces of up to ``PIECE`` bytes to ``into`` as they come.
+
+    The rules: ``check(url)`` refuses a host the site has not allowed (https:
+    ``allowed_hosts``) before each request; no redirect followed (None, for the caller's
+    client, which checks every host it connects to); no proxy, whatever the environment
+    says; no protocol but HTTP and HTTPS; TLS verified against the system's CAs and
+    ``bundle`` (a site's ``ca_bundle``); a body longer than asked or planned refused
+    (``too_much``) as it passes that size, nothing past it handed on; a stall of
+    ``TIMEOUT`` seconds ends the request; errors name the path, never the URL. URLs are
+    given as fsspec encodes them. The thread ends when it has had nothing to do for
+    ``IDLE`` seconds, or at ``close``."""
 
     def __init__(
-        self, context: ssl.SSLContext, check: Callable[[str], None] = lambda url: None
+        self, bundle: str | None = None, check: Callable[[str], None] = lambda url: None
     ) -> None:
-        self._context = context
+        if pycurl.version_info()[2] < 0x080400:  # MAXFILESIZE midway (8.4.0)
+            raise TransferError(
+                f"HTTPS reads need libcurl 8.4 or newer; pycurl has {pycurl.version}:"
+                " install pycurl's wheel (pip install --only-binary pycurl pycurl)",
+                permanent=True,
+            )
         self._check = check
-        self._idle: dict[tuple[str, str, int], list[http.client.HTTPConnection]] = {}
+        self._cas = _ca_blob(bundle)
         self._lock = threading.Lock()
+        self._more = threading.Condition(self._lock)  # a request waits, or close
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._ahead: dict[str, tuple[int, Future[tuple[int, list[bytes]]]]] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._easy: list[pycurl.Curl] = []  # idle handles of ranges
 
-    def read_range(self, url: Any, name: str, start: int, end: int, into: Into) -> int | None:
-        """Bytes ``start`` to ``end`` into ``into``, in pieces (each valid during its call
-        alone: the buffer is reused); the number of bytes read. A body longer than the
-        range is refused (``too_much``), nothing past ``end`` handed on."""
+    def read_range(self, url: str, name: str, start: int, end: int, into: Into) -> int | None:
+        """Bytes ``start`` to ``end`` into ``into`` as they come, in this thread; the number
+        of bytes read. A reply that is not the range (a 200: the whole file) is refused
+        before a byte is handed on; a body longer than the range, after its last byte
+        (``too_much``)."""
+        self._check(url)
+        reply = _Range(start, into)
+        with self._lock:
+            curl = self._easy.pop() if self._easy else self._handle(PIECE)
+        code, text = None, ""
+        try:
+            curl.setopt(pycurl.URL, url)
+            curl.setopt(pycurl.RANGE, f"{start}-{end - 1}")
+            curl.setopt(pycurl.MAXFILESIZE_LARGE, end - start)  # stopped at its last byte
+            curl.setopt(pycurl.HEADERFUNCTION, reply.header)
+            curl.setopt(pycurl.WRITEFUNCTION, reply.body)
+            try:
+                curl.perform()
+            except pycurl.error as exc:
+                code, text = exc.args[0], str(exc.args[1])
+            status = int(curl.getinfo(pycurl.RESPONSE_CODE))
+        finally:
+            curl.setopt(pycurl.WRITEFUNCTION, _nothing)
+            curl.unsetopt(pycurl.HEADERFUNCTION)
+            with self._lock:
+                self._easy.append(curl)
+        cut = code == pycurl.E_FILESIZE_EXCEEDED  # longer than the range (or than a 200's)
+        if cut and status == 206:
+            raise too_much(name, end - start)
+        if code is not None and not (reply.refused or cut):
+            raise _curl_error(code, text, name)
+        if 300 <= status < 400:
+            return None
+        judge(status, _reason(status), name, ranged=True)
+        return reply.at - start
 
-        def pieces(reply: http.client.HTTPResponse) -> int:
-            buffer = memoryview(bytearray(min(PIECE, end - start)))
-            at = start
-            while at < end and (n := reply.readinto(buffer[: end - at])):
-                into(at, buffer[:n])
-                at += n
-            if at == end and reply.read(1):
-                raise too_much(name, end - start)
-            return at - start
+    def read(self, url: str, name: str, size: int) -> bytes | None:
+        """The whole body, planned at ``size`` bytes (the one ``fetch`` started, if it
+        did): a longer one is refused (``too_much``), never gathered whole."""
+        with self._lock:
+            ahead = self._ahead.pop(url, None)
+        future = ahead[1] if ahead is not None and ahead[0] == size else None
+        status, chunks = (future or self._submit(url, name, size)).result()
+        if 300 <= status < 400:
+            return None
+        if status >= 400:
+            judge(status, _reason(status), name, ranged=False)
+        return b"".join(chunks)
 
-        return self._get(url, name, {"Range": f"bytes={start}-{end - 1}"}, pieces)
+    def fetch(self, url: str, name: str, size: int) -> None:
+        """Start reading a small file now, for ``read`` to take. A hint: a host the site
+        has not allowed, as any failure, is left to ``read``, which refuses it."""
+        try:
+            future = self._submit(url, name, size)
+        except TransferError:
+            return
+        with self._lock:
+            self._ahead[url] = (size, future)
 
-    def read(self, url: Any, name: str, size: int) -> bytes | None:
-        """The whole body, planned at ``size`` bytes: a longer one is refused after
-        ``size`` + 1 bytes (``too_much``), never gathered whole."""
-
-        def body(reply: http.client.HTTPResponse) -> bytes:
-            data = reply.read(size + 1)
-            if len(data) > size:
-                raise too_much(name, size)
-            return data
-
-        return self._get(url, name, {}, body)
-
-    def size(self, url: Any, name: str) -> int | None:
+    def size(self, url: str, name: str) -> int | None:
         """The size a HEAD answers (``Content-Length`` of a body sent as is); None for a
         redirect, a refusal or a reply that names none: the caller asks fsspec's client,
         which follows a redirect and tries a GET where a HEAD tells nothing."""
+        return next(self.sizes([(url, name)]))
 
-        def length(reply: http.client.HTTPResponse) -> int | None:
-            reply.read()
-            given = reply.getheader("Content-Length", "")  # two headers: "5, 6"
-            coded = reply.getheader("Content-Encoding", "identity") not in ("identity", "")
-            plain = given.isascii() and given.isdigit() and len(given) <= 18
-            return int(given) if plain and not coded else None
+    def sizes(self, asked: list[tuple[str, str]]) -> Iterator[int | None]:
+        """``size`` of each (url, name), in order, each answered as it comes; the first
+        error raised. ``AHEAD`` are asked ahead of the one answered: a file's GET that
+        ``fetch`` started as its size came waits behind that many HEADs, not all."""
+        left = iter(asked)
+        futures = collections.deque(self._submit(u, n, None) for u, n in islice(left, AHEAD))
+        while futures:
+            answered = futures.popleft().result()
+            futures.extend(self._submit(u, n, None) for u, n in islice(left, 1))
+            yield _size_of(*answered)
 
-        return self._get(url, name, {}, length, "HEAD")
-
-    def _get(
-        self,
-        url: Any,
-        name: str,
-        headers: dict[str, str],
-        body: Callable[[http.client.HTTPResponse], T | None],
-        method: str = "GET",
-    ) -> T | None:
-        self._check(str(url))
-        key = (url.scheme, url.raw_host, url.port)
+    def close(self) -> None:
+        """Stop the thread; requests not answered yet fail, files fetched are dropped."""
         with self._lock:
-            idle = self._idle.get(key)
-            conn = idle.pop() if idle else None
-        fresh = conn is None
-        if conn is None:
-            conn = self._connect(*key)
-        kept = False
-        try:
-            try:
-                conn.request(method, url.raw_path_qs, headers=headers)
-                reply = conn.getresponse()
-            except ConnectionError:
-                if fresh:
-                    raise
-                conn.close()  # kept past the server's patience: it closed it
-                conn = self._connect(*key)
-                conn.request(method, url.raw_path_qs, headers=headers)
-                reply = conn.getresponse()
-            if 300 <= reply.status < 400 or (method == "HEAD" and reply.status != 200):
-                return None  # a HEAD refused may be a GET allowed: the caller asks fsspec
-            judge(reply.status, reply.reason, name, ranged="Range" in headers)
-            got = body(reply)
-            kept = reply.isclosed() and not reply.will_close  # read to its end, kept alive
-            return got
-        finally:
-            if kept:
-                with self._lock:
-                    self._idle.setdefault(key, []).append(conn)
-            else:
-                conn.close()
+            self._closed = True
+            self._ahead.clear()
+            self._more.notify()
+            easy, self._easy = self._easy, []
+        for curl in easy:
+            curl.close()
 
-    def _connect(self, scheme: str, host: str, port: int) -> http.client.HTTPConnection:
-        if scheme == "https":
-            return http.client.HTTPSConnection(host, port, timeout=TIMEOUT, context=self._context)
-        return http.client.HTTPConnection(host, port, timeout=TIMEOUT)  # a local emulator
+    def _submit(self, url: str, name: str, most: int | None) -> Future[tuple[int, list[bytes]]]:
+        self._check(url)
+        request = _Request(url, name, most)
+        with self._lock:
+            if self._closed:
+                raise TransferError(f"{name}: the reads of this transfer have ended")
+            self._waiting.append(request)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="curl", daemon=True)
+                self._thread.start()
+            self._more.notify()
+        return request.future
+
+    def _run(self) -> None:
+        """The thread: start what waits (up to ``AT_ONCE`` running), let libcurl move
+        every running request on, answer the ended ones."""
+        multi = pycurl.CurlMulti()
+        free: list[pycurl.Curl] = []
+        running: dict[pycurl.Curl, _Request] = {}
+        left: list[_Request] = []
+        failure: BaseException = TransferError("the reads of this transfer have ended")
+        try:
+            while True:
+                with self._lock:
+                    if not running and not self._waiting and not self._closed:
+                        self._more.wait(IDLE)
+                    if self._closed or not (running or self._waiting):
+                        self._thread = None
+                        left = [*running.values(), *self._waiting]
+                        self._waiting.clear()
+                        return
+                    starting = [
+                        self._waiting.popleft()
+                        for _ in range(min(AT_ONCE - len(running), len(self._waiting)))
+                    ]
+                for request in starting:
+                    curl = free.pop() if free else self._handle()
+                    request.start(curl)
+                    multi.add_handle(curl)
+                    running[curl] = request
+                while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
+                    pass
+                more = True
+                while more:
+                    more, done, failed = multi.info_read()
+                    for curl, code, text in [(c, None, "") for c in done] + failed:
+                        multi.remove_handle(curl)
+                        running.pop(curl).finish(curl, code, text)
+                        free.append(curl)
+                if running:
+                    multi.select(WAIT)
+        except BaseException as exc:  # a bug here: no caller may wait for ever
+            failure = exc
+            with self._lock:
+                self._thread = None
+                left = [*running.values(), *self._waiting]
+                self._waiting.clear()
+        finally:
+            for request in left:
+                if not request.future.done():
+                    request.future.set_exception(failure)
+            for curl in [*free, *running]:
+                curl.close()
+            multi.close()
+
+    def _handle(self, buffer: int = 0) -> pycurl.Curl:
+        """A handle with the client's rules; ``buffer``: libcurl's, if not its own."""
+        curl = pycurl.Curl()
+        if buffer:
+            curl.setopt(pycurl.BUFFERSIZE, buffer)
+        curl.setopt(pycurl.NOSIGNAL, True)  # threads: no SIGALRM for resolver timeouts
+        curl.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
+        curl.setopt(pycurl.FOLLOWLOCATION, False)
+        curl.setopt(pycurl.PROXY, "")  # not http_proxy, https_proxy, all_proxy
+        curl.setopt(pycurl.NETRC, pycurl.NETRC_IGNORED)
+        curl.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
+        curl.setopt(pycurl.PATH_AS_IS, True)  # the path as fsspec encoded it
+        curl.setopt(pycurl.TCP_NODELAY, True)
+        curl.setopt(pycurl.CONNECTTIMEOUT, int(TIMEOUT))
+        curl.setopt(pycurl.LOW_SPEED_LIMIT, 1)  # less than a byte a second ...
+        curl.setopt(pycurl.LOW_SPEED_TIME, int(TIMEOUT))  # ... for this long: ended
+        curl.setopt(pycurl.SSL_VERIFYPEER, True)
+        curl.setopt(pycurl.SSL_VERIFYHOST, 2)
+        if self._cas:
+            curl.setopt(pycurl.CAINFO_BLOB, self._cas)
+        else:  # none but the directory's
+            curl.setopt(pycurl.CAINFO, None)
+        curl.setopt(pycurl.CAPATH, system_cas()[1])
+        return curl
+
+
+_WEIRD = 8  # CURLE_WEIRD_SERVER_REPLY: a header libcurl refuses (Content-Length: +7)
+AHEAD = 32  # HEADs asked ahead of the size answered (BlockingClient.sizes)
+AT_ONCE = 16  # requests in flight at once (sizes, files), as rclone's --checkers
+IDLE = 1.0  # seconds without a request before the thread of a BlockingClient ends
+WAIT = 0.005  # seconds libcurl waits for its sockets before new requests are started
+
+
+class _Request:
+    """One GET of at most ``most`` bytes (its body gathered), or a HEAD (``most`` None, its
+    header lines gathered); its ``future``: (status, what was gathered), or the error."""
+
+    __slots__ = ("url", "name", "most", "future", "gathered")
+
+    def __init__(self, url: str, name: str, most: int | None) -> None:
+        self.url, self.name, self.most = url, name, most
+        self.future: Future[tuple[int, list[bytes]]] = Future()
+        self.gathered: list[bytes] = []
+
+    def start(self, curl: pycurl.Curl) -> None:
+        curl.setopt(pycurl.URL, self.url)
+        if self.most is None:
+            curl.setopt(pycurl.NOBODY, True)
+            curl.setopt(pycurl.MAXFILESIZE_LARGE, 0)
+            curl.setopt(pycurl.HEADERFUNCTION, self.gathered.append)
+        else:
+            curl.setopt(pycurl.HTTPGET, True)
+            curl.setopt(pycurl.WRITEFUNCTION, self.gathered.append if self.most else _nothing)
+            curl.setopt(pycurl.MAXFILESIZE_LARGE, self.most)  # 0: no limit, hence _nothing
+
+    def finish(self, curl: pycurl.Curl, code: int | None, text: str) -> None:
+        """Answer the request, from the status and libcurl's error ``code`` (None: none)."""
+        curl.setopt(pycurl.WRITEFUNCTION, _nothing)  # the idle handle keeps no body
+        curl.unsetopt(pycurl.HEADERFUNCTION)
+        status = int(curl.getinfo(pycurl.RESPONSE_CODE))
+        over = code in (pycurl.E_FILESIZE_EXCEEDED, pycurl.E_WRITE_ERROR)
+        if code is None or (over and status >= 300):  # an error's body, too long: judged
+            self.future.set_result((status, self.gathered))
+        elif code == _WEIRD and self.most is None:  # a HEAD libcurl cannot read: no size
+            self.future.set_result((0, []))
+        elif over:
+            self.future.set_exception(too_much(self.name, self.most or 0))
+        else:
+            self.future.set_exception(_curl_error(code, text, self.name))
+
+
+class _Range:
+    """What libcurl hands of one ranged reply: its status (from its header lines), then
+    its body, on to ``into``, if it is a 206 (``refused`` if not: nothing handed on).
+    libcurl itself stops a body at the range's length (``MAXFILESIZE``), before a byte
+    past it is handed on."""
+
+    __slots__ = ("at", "into", "status", "refused")
+
+    def __init__(self, start: int, into: Into) -> None:
+        self.at, self.into = start, into
+        self.status = 0
+        self.refused = False
+
+    def header(self, line: bytes) -> None:
+        if line.startswith(b"HTTP/"):  # the last reply's (after a 100 Continue)
+            status = line.split(None, 2)[1:2]
+            self.status = int(status[0]) if status and status[0].isdigit() else 0
+
+    def body(self, data: bytes) -> int | None:
+        if self.status != 206:
+            self.refused = True
+            return 0
+        self.into(self.at, data)
+        self.at += len(data)
+        return None
+
+
+def _size_of(status: int, lines: list[bytes]) -> int | None:
+    """The size a HEAD's reply says plainly: one ``Content-Length`` of at most 18 ASCII
+    digits, of a body sent as is; None for anything else."""
+    if status != 200:
+        return None
+    head = lines
+    for at, line in enumerate(lines):  # the last reply's (after a 100 Continue)
+        if line.startswith(b"HTTP/"):
+            head = lines[at + 1 :]
+    fields = [line.partition(b":") for line in head]
+    given = [v.strip() for k, _, v in fields if k.strip().lower() == b"content-length"]
+    coding = [v.strip() for k, _, v in fields if k.strip().lower() == b"content-encoding"]
+    plain = len(given) == 1 and given[0].isdigit() and len(given[0]) <= 18
+    return int(given[0]) if plain and coding in ([], [b"identity"], [b""]) else None
+
+
+def _nothing(data: bytes) -> int:
+    """A body not wanted (or a file planned empty): refused at its first byte."""
+    return 0
+
+
+def _reason(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def _ca_blob(bundle: str | None) -> bytes:
+    """The CA files ``tls_context`` trusts, for libcurl (the directory is its
+    ``CAPATH``): the system's, if it is read (``system_cas``), and the site's ``bundle``."""
+    blob = b""
+    for path in (system_cas()[0], bundle):
+        if path:
+            with open(path, "rb") as f:
+                blob += f.read() + b"\n"
+    return blob
+
+
+def _curl_error(code: int, text: str, name: str) -> Exception:
+    """A libcurl failure as ``BlockingClient``'s would be: an untrusted certificate as
+    ``ssl.SSLCertVerificationError`` (permanent, errors.py); a URL or protocol libcurl
+    refuses, permanent; anything else transient. The path named, never the URL."""
+    if code == pycurl.E_PEER_FAILED_VERIFICATION:
+        return ssl.SSLCertVerificationError(f"{name}: {text}")
+    permanent = code in (pycurl.E_UNSUPPORTED_PROTOCOL, pycurl.E_URL_MALFORMAT)
+    return TransferError(f"{name}: {text} (libcurl error {code})", permanent=permanent)

@@ -25,9 +25,9 @@ from bbstage.movers.base import (
 )
 from bbstage.movers.implementations.generic.errors import translate
 from bbstage.movers.implementations.generic.side import Side, mtime_ns
+from bbstage.transfer import retrying
 
 FILE_MODE, DIR_MODE = 0o644, 0o755  # of what a store's files become on a local disk
-INFOS = 16  # a listing without sizes: files asked for theirs at once
 WHOLE = 4 << 20  # a file up to this size is read whole and written whole (one GET, one PUT)
 
 
@@ -46,7 +46,7 @@ class GenericMover(Mover):
     def plan(self, src: str, dst: str, *, tree: bool, glob: bool) -> Iterator[FileTask]:
         if self.src.local:
             return self._plan_local(src, dst, tree=tree, glob=glob)
-        return iter(self._plan_store(src, dst, tree=tree, glob=glob))
+        return self._plan_store(src, dst, tree=tree, glob=glob)
 
     def _plan_local(self, src: str, dst: str, *, tree: bool, glob: bool) -> Iterator[FileTask]:
         for task in localfs.plan_local(src, dst, tree=tree, glob=glob):
@@ -63,7 +63,9 @@ class GenericMover(Mover):
                 )
             yield task
 
-    def _plan_store(self, src: str, dst: str, *, tree: bool, glob: bool) -> list[FileTask]:
+    def _plan_store(self, src: str, dst: str, *, tree: bool, glob: bool) -> Iterator[FileTask]:
+        """A store's plan: listed now (a failure here is the plan's, retried as one step),
+        the sizes a listing lacks asked as the plan is read (``_tree``)."""
         fs, root, backend = self.src.fs(src), self.src.path(src), self.src.backend
         try:
             if glob:
@@ -77,12 +79,12 @@ class GenericMover(Mover):
                 ]
                 if not tasks:
                     raise TransferError(f"no such file or directory: nothing matches {src}")
-                return tasks
+                return iter(tasks)
             if not tree:
                 info = backend.info(fs, root)
                 if info.get("type") == "directory":
                     raise not_a_file(src)
-                return [self._task(src, dst, info)]
+                return iter([self._task(src, dst, info)])
             found = backend.find(fs, root.rstrip("/"))
         except TransferError:
             raise
@@ -93,25 +95,54 @@ class GenericMover(Mover):
             if self._call(lambda: fs.isfile(top[:-1]), src):  # find lists a file as itself
                 raise not_a_tree(src.rstrip("/"))
             raise TransferError(f"no such file or directory: {src}")
-        tasks = [FileTask(src, dst, "dir", mode=DIR_MODE)] if self.dst.local else []
-        unsized = [
-            p for p, i in found.items() if i.get("type") != "directory" and i.get("size") is None
-        ]
-        if unsized:  # a listing without sizes (HTTP): each file asked, INFOS at once
-            with ThreadPoolExecutor(INFOS, thread_name_prefix="info") as pool:
-                asked = pool.map(lambda p: self._call(lambda: backend.info(fs, p), src), unsized)
-                found.update(zip(unsized, asked, strict=True))
-        for path, info in sorted(found.items()):
-            rel = path[len(top) :] if path.startswith(top) else ""
-            if not rel:
-                continue
-            target = dst.rstrip("/") + "/" + backend.name_of(rel)
+        return self._tree(src, dst, top, sorted(found.items()))
+
+    def _tree(
+        self, src: str, dst: str, top: str, listed: list[tuple[str, dict[str, Any]]]
+    ) -> Iterator[FileTask]:
+        """The tasks of a tree listed as ``listed``, in order; the sizes the listing lacks
+        (HTTP's) are all asked at once (``_infos``), each taken as its file comes: the
+        first files are copied while the last are still asked."""
+        if self.dst.local:
+            yield FileTask(src, dst, "dir", mode=DIR_MODE)
+        below = [(p, p[len(top) :], i) for p, i in listed if p.startswith(top) and p != top]
+        unsized = [p for p, _, i in below if i.get("type") != "directory" and i.get("size") is None]
+        infos = self._infos(unsized, src)
+        for _, rel, listed_info in below:
+            info = listed_info
+            if info.get("type") != "directory" and info.get("size") is None:
+                info = next(infos)
+            target = dst.rstrip("/") + "/" + self.src.backend.name_of(rel)
             if info.get("type") == "directory":
                 if self.dst.local:
-                    tasks.append(FileTask(src + rel, target, "dir", mode=DIR_MODE))
+                    yield FileTask(src + rel, target, "dir", mode=DIR_MODE)
                 continue
-            tasks.append(self._task(src.rstrip("/") + "/" + rel, target, info))
-        return tasks
+            yield self._task(src.rstrip("/") + "/" + rel, target, info)
+
+    def _infos(self, paths: list[str], src: str) -> Iterator[dict[str, Any]]:
+        """The info of each of ``paths``, in order, asked ahead (``Backend.infos``). One
+        that fails transiently is asked again alone (``retrying.FILE``: a step of the
+        plan), and the rest anew after it."""
+        fs, backend = self.src.fs(src), self.src.backend
+        while paths:
+            asked = iter(self._call(lambda rest=paths: backend.infos(fs, rest), src))
+            got = 0
+            try:
+                for info in asked:
+                    yield info
+                    got += 1
+                return
+            except Exception as exc:
+                error = translate(exc, src)
+                if error.permanent:
+                    raise error from None
+            finally:
+                getattr(asked, "close", lambda: None)()
+            yield retrying.FILE.run(
+                lambda again=paths[got]: self._call(lambda: backend.info(fs, again), src),
+                threading.Event(),
+            )
+            paths = paths[got + 1 :]
 
     def _task(self, src: str, dst: str, info: dict[str, Any]) -> FileTask:
         size = int(info.get("size") or 0)
@@ -137,6 +168,21 @@ class GenericMover(Mover):
         return info is not None and (mtime_ns(info) or 0) >= (task.mtime_ns or 0)
 
     # -- copy -----------------------------------------------------------------------------
+
+    def prefetch(self, task: FileTask) -> None:
+        """A small file of a store: its read started now, by the backend's own means
+        (``Backend.prefetch``: HTTPS's are many at once on one thread), for ``copy`` to
+        take. A hint: nothing is raised."""
+        if task.kind != "file" or task.size > WHOLE or self.src.local:
+            return
+        try:
+            self.src.backend.prefetch(self.src.fs(task.src), self.src.path(task.src), task.size)
+        except Exception:
+            pass  # read again by copy, which fails as it would have
+
+    def close(self) -> None:
+        self.src.close()
+        self.dst.close()
 
     def copy(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
         if cancel.is_set():

@@ -59,6 +59,13 @@ class Side:
                     raise translate(exc, url) from None
             return self._fs[authority]
 
+    def close(self) -> None:
+        """The transfer has ended: each filesystem's backend stops what it still does."""
+        with self._lock:
+            made = list(self._fs.values())
+        for fs in made:
+            self.backend.close(fs)
+
     def path(self, url: str) -> str:
         return url if self.local else self.backend.strip(url)
 
