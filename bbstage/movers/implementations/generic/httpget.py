@@ -242,6 +242,7 @@ class BlockingClient:
         multi = pycurl.CurlMulti()
         free: list[pycurl.Curl] = []
         running: dict[pycurl.Curl, _Request] = {}
+        starting: list[_Request] = []
         left: list[_Request] = []
         failure: BaseException = TransferError("the reads of this transfer have ended")
         try:
@@ -270,7 +271,8 @@ class BlockingClient:
                     more, done, failed = multi.info_read()
                     for curl, code, text in [(c, None, "") for c in done] + failed:
                         multi.remove_handle(curl)
-                        running.pop(curl).finish(curl, code, text)
+                        running[curl].finish(curl, code, text)  # (a failure here: in left)
+                        del running[curl]
                         free.append(curl)
                 if running:
                     multi.select(WAIT)
@@ -278,7 +280,7 @@ class BlockingClient:
             failure = exc
             with self._lock:
                 self._thread = None
-                left = [*running.values(), *self._waiting]
+                left = [*starting, *running.values(), *self._waiting]
                 self._waiting.clear()
         finally:
             for request in left:
