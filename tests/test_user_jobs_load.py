@@ -69,8 +69,13 @@ def test_a_hook_is_answered_while_a_big_jobs_list_is_read(area: Path) -> None:
             waits.append(time.monotonic() - asked)
         listing.join()
         assert alone > 0.5, f"a list of {JOBS} jobs took only {alone:.2f} s: too fast to show"
+        # the second slowest: one pause of the machine's own (0.54 s once among 12,250
+        # hooks in a CI run of session 33's VM, 0.11-0.14 s otherwise) is not the daemon's;
+        # the list on the loop, or on the daemon's connection, holds up one hook per list
+        # read (three here)
+        slow = sorted(waits)[-2]
         print(f"alone {alone:.2f} s, {len(waits)} hooks, slowest {max(waits):.3f} s")
-        assert len(waits) > 5 and max(waits) < min(0.5, alone / 2), (alone, waits)
+        assert len(waits) > 5 and slow < min(0.5, alone / 2), (alone, sorted(waits)[-5:])
     finally:
         hooks.close(0)
         ctx.term()
