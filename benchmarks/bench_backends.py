@@ -122,13 +122,13 @@ def main() -> None:
         (src / "small" / f"f{i:05d}").write_bytes(os.urandom(small))
     results: dict[str, Any] = {}
     outputs = contextlib.ExitStack()
-    outs, stored = outputs.enter_context(common.outputs_on_a_journal(work))
     load_start = os.getloadavg()[0]
     options = {
         "gs": StoreOptions({"endpoint_url": env["BBSTAGE_GS_ENDPOINT"], "anonymous": "true"}),
         "https": StoreOptions({"ca_bundle": env["BBSTAGE_HTTPS_CA"]}),
     }
     try:
+        outs, stored = outputs.enter_context(common.outputs_on_a_journal(work))
         for kind in args.kinds.split(","):
             gen = open_store(kind, env, options.get(kind, StoreOptions({})))
             store = next(gen)

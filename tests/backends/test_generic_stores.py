@@ -337,6 +337,52 @@ def test_https_reads_go_through_no_proxy_the_environment_names(
     assert not seen, "a read went through the proxy the environment names"
 
 
+def test_a_size_that_fails_once_is_asked_again_and_the_tree_is_staged(
+    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sizes a listing lacks are asked as the plan is read (``Backend.infos``), eagerly
+    or as they come: a transient failure of either kind is asked again (``retrying.FILE``),
+    and the tree is staged whole, bytes compared."""
+    from bbstage import movers
+
+    https = movers.backend("https")
+    lazy = https.infos
+    gen = open_store(
+        "https", stores_env, StoreOptions({"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]})
+    )
+    store = next(gen)
+    try:
+        files = {f"r/f{i}": os.urandom(100 + i) for i in range(5)}
+        for name, data in files.items():
+            store.put(name, data)
+        for eager in (True, False):
+            failures = [TransferError("HTTP 503 Slow Down", permanent=False)]
+
+            def flaky(
+                fs: Any, paths: list[str], eager: bool = eager, failures: list[Any] = failures
+            ) -> Any:
+                if failures:
+                    failure = failures.pop()
+                    if eager:
+                        raise failure
+
+                    def fail_later() -> Any:
+                        yield from lazy(fs, paths[:2])
+                        raise failure
+
+                    return fail_later()
+                return lazy(fs, paths)
+
+            monkeypatch.setattr(https, "infos", flaky)
+            out = tmp_path / f"eager-{eager}"
+            events = BackendSuite().run(store, store.url("r/"), str(out) + "/")
+            assert isinstance(events[-1], Done) and events[-1].files == 5, events[-1]
+            assert not failures
+            assert all((out / k[2:]).read_bytes() == v for k, v in files.items())
+    finally:
+        next(gen, None)
+
+
 def test_allowed_hosts_in_the_daemon_config_are_checked() -> None:
     """``allowed_hosts``: a list of host or host:port; anything else is refused at load."""
     from bbstage import movers

@@ -125,9 +125,10 @@ class GenericMover(Mover):
         plan), and the rest anew after it."""
         fs, backend = self.src.fs(src), self.src.backend
         while paths:
-            asked = iter(self._call(lambda rest=paths: backend.infos(fs, rest), src))
+            asked: Iterator[dict[str, Any]] = iter(())
             got = 0
-            try:
+            try:  # an eager backend fails here, a lazy one (HTTPS) as it is read
+                asked = iter(backend.infos(fs, paths))
                 for info in asked:
                     yield info
                     got += 1
