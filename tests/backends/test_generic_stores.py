@@ -433,6 +433,36 @@ def test_the_users_ssh_config_does_not_send_an_sftp_transfer_elsewhere(
         next(gen, None)
 
 
+def test_an_sftp_directory_removed_after_the_mover_made_it_is_made_again(
+    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small file is written to SFTP without asking again for each part of its directory
+    (the mover made it, once per transfer); a directory removed since is made again, and
+    the file lands with its bytes."""
+    from bbstage import movers
+
+    user_home(tmp_path, monkeypatch)
+    gen = open_store("sftp", stores_env, StoreOptions({}))
+    store = next(gen)
+    backend = movers.backend("sftp")
+    write, removed = backend.write.__func__, []  # type: ignore[attr-defined]
+
+    def remove_first(cls: Any, fs: Any, path: str, data: bytes) -> None:
+        if not removed:  # another process of the user's empties the directory tree
+            removed.append(os.path.dirname(path))
+            fs.rm(os.path.dirname(path), recursive=True)
+        write(cls, fs, path, data)
+
+    monkeypatch.setattr(backend, "write", classmethod(remove_first))
+    try:
+        (tmp_path / "f").write_bytes(b"small file")
+        events = BackendSuite().run(store, str(tmp_path / "f"), store.url("new/f"))
+        BackendSuite().done(events)
+        assert removed and store.get("new/f") == b"small file"
+    finally:
+        next(gen, None)
+
+
 def test_a_server_that_answers_a_range_with_the_whole_file_is_refused(
     stores_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -688,6 +688,31 @@ class SFTPBackend(StoreBackend):
         return int(sync(fs.loop, read))
 
     @classmethod
+    def write(cls, fs: Any, path: str, data: bytes) -> None:
+        """Open, write, close on a channel of sshfs's pool: three requests. sshfs's
+        ``pipe_file`` first makes the parent directories, asking for each part of the path
+        a ``mkdir`` and a ``stat`` (14 more requests for a file 7 deep: 1,000 x 64 KiB up
+        took 5.0 s, 1.8-2.0 s this way, rclone 4.5-4.9 s). The mover has made the directory,
+        once per transfer; one removed since is made again here, as ``pipe_file`` would."""
+        from asyncssh import SFTPNoSuchFile
+        from fsspec.asyn import sync
+        from sshfs.utils import wrap_exceptions
+
+        @wrap_exceptions
+        async def write() -> None:
+            async with fs._pool.get() as channel:
+                try:
+                    f = await channel.open(path, "wb")
+                except SFTPNoSuchFile:  # the directory removed since
+                    await channel.makedirs(os.path.dirname(path), exist_ok=True)
+                    f = await channel.open(path, "wb")
+                async with f:
+                    await f.write(data)
+
+        sync(fs.loop, write)
+        fs.invalidate_cache(path)
+
+    @classmethod
     def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
         from fsspec.utils import infer_storage_options
 

@@ -257,7 +257,7 @@ class GenericMover(Mover):
         try:
             if not atomic:
                 self._makedirs(task.dst, os.path.dirname(final))
-            self._call(lambda: fs.pipe_file(target, data), task.dst)
+            self._call(lambda: self.dst.backend.write(fs, target, data), task.dst)
             if digest is not None:
                 again = checksum.new(self.options.checksum)
                 again.update(self._call(lambda: fs.cat_file(target), task.dst))
