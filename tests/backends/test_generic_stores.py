@@ -311,7 +311,7 @@ def test_https_reads_go_through_no_proxy_the_environment_names(
 ) -> None:
     """A worker's environment may name a proxy (``https_proxy``, ``all_proxy`` ...): HTTPS
     reads go straight to the allowed host, a file by ranges, a tree's small files and their
-    sizes (HEADs) alike; a listener named as every proxy sees no connection."""
+    sizes alike; a listener named as every proxy sees no connection."""
     with _listener("127.0.0.1") as (port, seen):
         for name in ("http_proxy", "https_proxy", "all_proxy"):
             monkeypatch.setenv(name, f"http://127.0.0.1:{port}")
@@ -503,7 +503,7 @@ def test_a_server_that_sends_more_than_was_asked_for_is_refused(
     stores_env: dict[str, str], tmp_path: Path
 ) -> None:
     """A server the user points at may answer a byte range with more bytes than the range,
-    or a small file's GET with far more than its HEAD said: nothing past the range is handed
+    or a small file's GET with far more than its size said: nothing past the range is handed
     on, the small file's body is not gathered past its planned size (1 KiB said, 64 MiB
     sent; the server cannot send it all), and both fail as transient errors, through the
     worker's own client and, for a redirected read, through fsspec's. Through the mover, the
@@ -569,33 +569,58 @@ def test_a_server_that_sends_more_than_was_asked_for_is_refused(
 
 @pytest.mark.parametrize(
     "said",
-    ["5" * 5000, "+7", "7, 7", "\u00b2", "", "gzip"],
-    ids=["long", "sign", "two", "superscript", "none", "coded"],
+    [
+        ("200", "Content-Length", "5" * 5000),
+        ("200", "Content-Length", "+1234"),
+        ("200", "Content-Length", "1234", "Content-Length", "1234"),
+        ("200", "Content-Length", "\u00b2"),
+        ("200",),
+        ("200", "Content-Encoding", "gzip", "Content-Length", "1234"),
+        ("206", "Content-Range", "bytes 10-1233/1234", "Content-Length", "1234"),
+        ("206", "Content-Range", "bytes 0-1233/1000", "Content-Length", "1234"),
+        ("206", "Content-Range", "bytes 0-1233/*", "Content-Length", "1234"),
+        ("206", "Content-Length", "1234"),
+    ],
+    ids=[
+        "long",
+        "sign",
+        "two",
+        "superscript",
+        "none",
+        "coded",
+        "elsewhere",
+        "past-its-end",
+        "no-size",
+        "no-range",
+    ],  # fmt: skip
 )
-def test_a_size_a_head_does_not_say_plainly_is_asked_by_a_get(
-    stores_env: dict[str, str], tmp_path: Path, said: str
+def test_a_size_the_first_bytes_reply_does_not_say_plainly_is_asked_by_fsspec(
+    stores_env: dict[str, str], tmp_path: Path, said: tuple[str, ...]
 ) -> None:
-    """A HEAD whose ``Content-Length`` is not plain digits (5,000 of them, a sign, two
-    headers, a superscript digit, none) or whose body is encoded is not believed: the
-    size is asked again through fsspec's client, whose GET tells the file's size."""
+    """A size is asked by a GET of the file's first bytes; a reply whose ``Content-Length``
+    is not plain digits (5,000 of them, a sign, two headers, a superscript digit, none), or
+    whose body is encoded, or whose ``Content-Range`` is not the bytes from 0 of a file that
+    has them (bytes from 10; a file smaller than its bytes; no size; none) is not believed:
+    the size is asked again through fsspec's client (a HEAD), and the bytes that came are
+    not kept: the file is read again, and its bytes are the file's."""
     from bbstage import movers
+    from bbstage.movers.implementations.generic import httpget
 
-    def do_HEAD(self: Any) -> None:  # noqa: N802 - http.server's name
-        self.send_response(200)
-        if said == "gzip":
-            self.send_header("Content-Encoding", "gzip")
-            self.send_header("Content-Length", "3")
-        elif said == "7, 7":
-            self.send_header("Content-Length", "7")
-            self.send_header("Content-Length", "7")
-        elif said:
-            self.send_header("Content-Length", said)
+    real = b"x" * 1234
+
+    def do_GET(self: Any) -> None:  # noqa: N802 - http.server's name
+        if self.headers.get("Range") != f"bytes=0-{httpget.PROBE - 1}":
+            return type(self).__mro__[1].do_GET(self)  # fsspec's and the read's: the file
+        self.send_response(int(said[0]))
+        for name, value in zip(said[1::2], said[2::2], strict=True):
+            self.send_header(name, value)
         self.send_header("Connection", "close")
         self.end_headers()
+        self.wfile.write(b"y" * 1234)  # not the file's bytes
 
     (tmp_path / "www").mkdir()
-    (tmp_path / "www" / "f").write_bytes(b"x" * 1234)
-    with _tls_server(stores_env, tmp_path / "www", do_HEAD=do_HEAD) as port:
+    (tmp_path / "www" / "f").write_bytes(real)
+    with _tls_server(stores_env, tmp_path / "www", do_GET=do_GET) as port:
         https = movers.backend("https")
         options = StoreOptions(
             {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [f"127.0.0.1:{port}"]}
@@ -604,19 +629,119 @@ def test_a_size_a_head_does_not_say_plainly_is_asked_by_a_get(
         fs = https.filesystem(options, url)
         assert fs.blocking.size(str(fs.encode_url(url)), url) is None
         assert https.info(fs, url)["size"] == 1234
+        https.prefetch(fs, url, 1234)
+        assert https.read(fs, url, 1234) == real
+
+
+def test_a_small_file_comes_with_its_size_and_a_bigger_ones_rest_must_be_its_range(
+    stores_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Through nginx: a file of up to ``PROBE`` bytes is read in the one request that asks
+    its size (its size and its bytes), a bigger one in two, the second for the rest alone
+    (bytes from ``PROBE``); the bytes are the files'. A server that answers the rest with a
+    200 (the whole file, cut to the rest's length) is refused, transiently, the bytes
+    that came not joined."""
+    from bbstage import movers
+    from bbstage.movers.implementations.generic import httpget
+
+    https = movers.backend("https")
+    gen = open_store(
+        "https", stores_env, StoreOptions({"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]})
+    )
+    store = next(gen)
+    asked: list[str | None] = []
+    start = httpget._Request.start
+
+    def counted(self: httpget._Request, curl: Any) -> None:
+        asked.append(None if self.start_at is None else f"{self.start_at}+{self.most}")
+        start(self, curl)
+
+    try:
+        small, bigger = os.urandom(1000), os.urandom(httpget.PROBE + 1000)
+        store.put("small", small)
+        store.put("bigger", bigger)
+        fs = https.filesystem(store.options, store.url(""))
+        paths = [store.url("small"), store.url("bigger")]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(httpget._Request, "start", counted)
+            sizes = [info["size"] for info in https.infos(fs, paths)]
+            for path, size in zip(paths, sizes, strict=True):
+                https.prefetch(fs, path, size)
+            assert [https.read(fs, p, n) for p, n in zip(paths, sizes, strict=True)] == [
+                small,
+                bigger,
+            ]
+        assert sizes == [1000, httpget.PROBE + 1000]
+        probe = f"0+{httpget.PROBE}"
+        assert asked == [probe, probe, f"{httpget.PROBE}+1000"], asked
+    finally:
+        next(gen, None)
+
+    def do_GET(self: Any) -> None:  # noqa: N802 - http.server's name
+        wanted = self.headers.get("Range", "")
+        if wanted == f"bytes=0-{httpget.PROBE - 1}":
+            body, status = bigger[: httpget.PROBE], 206
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes 0-{httpget.PROBE - 1}/{len(bigger)}")
+        else:  # the rest, answered with the whole file's first bytes
+            body, status = bigger[:1000], 200
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        assert status
+
+    (tmp_path / "www").mkdir()
+    with _tls_server(stores_env, tmp_path / "www", do_GET=do_GET) as port:
+        options = StoreOptions(
+            {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [f"127.0.0.1:{port}"]}
+        )
+        url = f"https://127.0.0.1:{port}/bigger"
+        fs = https.filesystem(options, url)
+        assert https.info(fs, url)["size"] == len(bigger)
+        with pytest.raises(TransferError, match="whole file|HTTP 200") as e:
+            https.read(fs, url, len(bigger))
+        assert not e.value.permanent
+
+
+def test_the_first_bytes_of_files_never_read_are_not_all_kept(
+    stores_env: dict[str, str],
+) -> None:
+    """A tree's sizes bring its small files' bytes; the files a resumed transfer finds in
+    place are never read: no more than ``KEPT`` files' first bytes are kept (a tree of a
+    million small files in place holds 4 MiB, not the tree), and a file whose bytes were
+    dropped is read again, whole."""
+    from bbstage import movers
+    from bbstage.movers.implementations.generic import httpget
+
+    https = movers.backend("https")
+    options = StoreOptions({"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]})
+    gen = open_store("https", stores_env, options)
+    store = next(gen)
+    try:
+        files = {f"k/f{i:03d}": os.urandom(100 + i) for i in range(httpget.KEPT + 40)}
+        for name, data in files.items():
+            store.put(name, data)
+        fs = https.filesystem(store.options, store.url(""))
+        paths = [store.url(name) for name in files]
+        sizes = [info["size"] for info in https.infos(fs, paths)]
+        assert sizes == [len(data) for data in files.values()]
+        assert len(fs.blocking._kept) <= httpget.KEPT
+        assert https.read(fs, paths[0], sizes[0]) == files["k/f000"]
+    finally:
+        next(gen, None)
 
 
 def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_checked(
     stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """HTTPS files are read by libcurl (``httpget.BlockingClient``) on kept connections:
-    12 ranges by 4 threads open no more than 4 (and the HEAD of its size one); 40 small
+    12 ranges by 4 threads open no more than 4 (and the request of its size one); 40 small
     files, their sizes asked and the files read up to 16 at once, no more than 16, and
     fsspec's client none; the bytes are the files'; a connection the server closed while it
-    was kept is opened again. A range, a file or a size the server redirects (or a HEAD it
-    refuses) is asked through fsspec's client, which follows the redirect to an allowed
-    host, and refuses one to a host the site has not allowed (a listener there sees no
-    connection)."""
+    was kept is opened again. A range, a file or a size the server redirects is asked
+    through fsspec's client, which follows the redirect to an allowed host, and refuses one
+    to a host the site has not allowed (a listener there sees no connection)."""
     import pycurl
     from fsspec.implementations import http as fsspec_http
 
@@ -657,7 +782,7 @@ def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_che
         suite = BackendSuite()
         assert isinstance(suite.run(store, store.url("big"), str(tmp_path / "big"))[-1], Done)
         assert (tmp_path / "big").read_bytes() == body
-        assert 1 <= len(opened) <= 4 + 1, opened  # the ranges', and the size's (a HEAD)
+        assert 1 <= len(opened) <= 4 + 1, opened  # the ranges', and the size's
         small = {f"t/f{i:02d}": os.urandom(1000 + i) for i in range(40)}
         for name, data in small.items():
             store.put(name, data)
@@ -710,11 +835,11 @@ def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_che
                     https.read(fs, f"https://127.0.0.1:{port}/moved-small", small_size)
                     == small["t/f01"]
                 )
-                # this server's HEAD refuses (404): the size is asked again by fsspec's GET
+                # the size's request redirected: asked again by fsspec's client, which follows
                 looped.clear()
                 moved_small = f"https://127.0.0.1:{port}/moved-small"
                 assert https.info(fs, moved_small)["size"] == small_size
-                assert looped, "the size of a refused HEAD was not asked again"
+                assert looped, "the size of a redirected file was not asked again"
                 away_url = f"https://127.0.0.1:{port}/away"
                 with pytest.raises(TransferError, match=r"\[https\] allowed_hosts"):
                     https.read_range(fs, away_url, 0, 10, into)

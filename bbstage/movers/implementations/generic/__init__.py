@@ -548,27 +548,28 @@ class HTTPSBackend(StoreBackend):
 
     @classmethod
     def read(cls, fs: Any, path: str, size: int) -> bytes:
-        """A small file in one GET (``httpget.BlockingClient``; the one ``prefetch`` started, if
-        it did); one the server redirects, through fsspec's client, which checks the host
-        of every connection it opens."""
+        """A small file as its size's request brought it, or by one GET (``httpget.
+        BlockingClient``; the one ``prefetch`` started, if it did); one the server
+        redirects, through fsspec's client, which checks the host of every connection it
+        opens."""
         body = fs.blocking.read(str(fs.encode_url(path)), path, size)
         return body if body is not None else _session_body(fs, fs.encode_url(path), path, size)
 
     @classmethod
     def info(cls, fs: Any, path: str) -> dict[str, Any]:
-        """A file's size by a HEAD (``infos``)."""
+        """A file's size by a GET of its first bytes (``infos``)."""
         return next(cls.infos(fs, [path]))
 
     @classmethod
     def infos(cls, fs: Any, paths: list[str]) -> Iterator[dict[str, Any]]:
-        """The files' sizes by HEADs, all asked at once on one thread
-        (``httpget.BlockingClient``), each answered as it comes: a listing of 1,000 files asked
-        in 0.04-0.07 s, against 0.14-0.20 s by 16 threads of HEADs and 0.16-0.19 s through
-        fsspec. A redirect, an error, or a reply without a plain ``Content-Length`` is asked
-        again through fsspec's ``info`` (its rules: the redirect's host checked, a GET where
-        a HEAD tells nothing, any failure a missing file): from the first such file on,
-        the rest are answered 16 at once (a server redirects or refuses all its HEADs,
-        often)."""
+        """The files' sizes by GETs of their first bytes, all asked at once on one thread
+        (``httpget.BlockingClient.sizes``), each answered as it comes; a small file's bytes
+        come with its size, kept for ``read``: one request a file where a HEAD and a GET
+        were two. A redirect, an error, or a reply that does not say the size plainly is
+        asked again through fsspec's ``info`` (its rules: the redirect's host checked, a GET
+        where a HEAD tells nothing, any failure a missing file): from the first such file
+        on, the rest are answered 16 at once (a server redirects or refuses all its
+        requests, often)."""
         sizes = fs.blocking.sizes([(str(fs.encode_url(path)), path) for path in paths])
         fsspec_info = super().info
 
@@ -586,8 +587,9 @@ class HTTPSBackend(StoreBackend):
 
     @classmethod
     def prefetch(cls, fs: Any, path: str, size: int) -> None:
-        """A small file's GET started now, with the others' on one thread, up to 16 at
-        once (``httpget.BlockingClient.fetch``), for ``read`` to take."""
+        """A small file's GET (of what its size's request did not bring) started now,
+        with the others' on one thread, up to 16 at once (``httpget.BlockingClient.fetch``),
+        for ``read`` to take."""
         fs.blocking.fetch(str(fs.encode_url(path)), path, size)
 
     @classmethod

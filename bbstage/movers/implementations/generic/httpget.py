@@ -102,11 +102,17 @@ class BlockingClient:
     """GETs of ``https://`` URLs (``http://`` too: a local emulator) through libcurl,
     each answered to the thread that asks: a big file's byte ranges (``read_range``) each
     over a handle of the asking thread (any number idle, each keeping its connection); small
-    files whole (``read``, and ``fetch`` ahead of it) and sizes (``size``, ``sizes``:
-    HEADs) all on one thread of the client's, up to ``AT_ONCE`` at a time through
-    libcurl's multi interface (a thread per small file cost 3-4 times the CPU, in switches
-    between threads). A small reply is handed to a list's own ``append``, no Python
-    between; a range's pieces of up to ``PIECE`` bytes to ``into`` as they come.
+    files whole (``read``, and ``fetch`` ahead of it) and sizes (``size``, ``sizes``) all
+    on one thread of the client's, up to ``AT_ONCE`` at a time through libcurl's multi
+    interface (a thread per small file cost 3-4 times the CPU, in switches between
+    threads). A small reply is handed to a list's own ``append``, no Python between; a
+    range's pieces of up to ``PIECE`` bytes to ``into`` as they come.
+
+    A size is asked by a GET of the file's first ``PROBE`` bytes, not a HEAD: the reply
+    says the size (``Content-Range``), and brings a file of up to ``PROBE`` bytes whole, the
+    first ``PROBE`` of a bigger one; those are kept (the last ``KEPT`` files) for ``fetch``
+    and ``read``, which ask only for the rest. One request per small file where a HEAD and
+    a GET were two.
 
     The rules: ``check(url)`` refuses a host the site has not allowed (https:
     ``allowed_hosts``) before each request; no redirect followed (None, for the caller's
@@ -132,7 +138,10 @@ class BlockingClient:
         self._lock = threading.Lock()
         self._more = threading.Condition(self._lock)  # a request waits, or close
         self._waiting: collections.deque[_Request] = collections.deque()
-        self._ahead: dict[str, tuple[int, Future[tuple[int, list[bytes]]]]] = {}
+        # files read ahead (fetch): url -> (planned size, their first bytes, the rest's GET)
+        self._ahead: dict[str, tuple[int, bytes, Future[tuple[int, list[bytes]]] | None]] = {}
+        # the first bytes of files whose size was asked: url -> (size, bytes), oldest first
+        self._kept: collections.OrderedDict[str, tuple[int, bytes]] = collections.OrderedDict()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._easy: list[pycurl.Curl] = []  # idle handles of ranges
@@ -174,67 +183,104 @@ class BlockingClient:
         return reply.at - start
 
     def read(self, url: str, name: str, size: int) -> bytes | None:
-        """The whole body, planned at ``size`` bytes (the one ``fetch`` started, if it
-        did): a longer one is refused (``too_much``), never gathered whole."""
+        """The whole body, planned at ``size`` bytes: the first bytes its size's request
+        brought and the rest (the GET ``fetch`` started, if it did), or all of it in one
+        GET; a longer one is refused (``too_much``), never gathered whole. The rest must
+        come as the range asked for (206)."""
         with self._lock:
-            ahead = self._ahead.pop(url, None)
-        future = ahead[1] if ahead is not None and ahead[0] == size else None
-        status, chunks = (future or self._submit(url, name, size)).result()
+            ahead = self._ahead.pop(url, None) or self._first(url, size)
+        first, future = (
+            (ahead[1], ahead[2]) if ahead is not None and ahead[0] == size else (b"", None)
+        )
+        if len(first) == size:
+            return first
+        status, chunks = (future or self._rest(url, name, size, first)).result()
         if 300 <= status < 400:
             return None
-        if status >= 400:
-            judge(status, _reason(status), name, ranged=False)
-        return b"".join(chunks)
+        if status >= 400 or first:
+            judge(status, _reason(status), name, ranged=bool(first))
+        return first + b"".join(chunks)
 
     def fetch(self, url: str, name: str, size: int) -> None:
-        """Start reading a small file now, for ``read`` to take. A hint: a host the site
-        has not allowed, as any failure, is left to ``read``, which refuses it."""
+        """Start reading a small file now (what its size's request did not bring), for
+        ``read`` to take. A hint: a host the site has not allowed, as any failure, is left
+        to ``read``, which refuses it."""
+        with self._lock:
+            kept = self._first(url, size)
+        first = kept[1] if kept is not None else b""
         try:
-            future = self._submit(url, name, size)
+            future = None if len(first) == size else self._rest(url, name, size, first)
         except TransferError:
             return
         with self._lock:
-            self._ahead[url] = (size, future)
+            self._ahead[url] = (size, first, future)
 
     def size(self, url: str, name: str) -> int | None:
-        """The size a HEAD answers (``Content-Length`` of a body sent as is); None for a
-        redirect, a refusal or a reply that names none: the caller asks fsspec's client,
-        which follows a redirect and tries a GET where a HEAD tells nothing."""
+        """The size the reply to a GET of the first ``PROBE`` bytes says plainly
+        (``_probed``), its bytes kept; None for a redirect, a refusal or a reply that says
+        none: the caller asks fsspec's client, which follows a redirect and tries a GET
+        where a HEAD tells nothing."""
         return next(self.sizes([(url, name)]))
 
     def sizes(self, asked: list[tuple[str, str]]) -> Iterator[int | None]:
         """``size`` of each (url, name), in order, each answered as it comes; the first
         error raised. ``AHEAD`` are asked ahead of the one answered: a file's GET that
-        ``fetch`` started as its size came waits behind that many HEADs, not all."""
+        ``fetch`` started as its size came waits behind that many, not all. The first bytes
+        each brought are kept, the last ``KEPT`` (twice ``AHEAD``: a caller that takes each
+        size and then fetches the file finds its bytes still kept)."""
         left = iter(asked)
-        futures = collections.deque(self._submit(u, n, None) for u, n in islice(left, AHEAD))
-        while futures:
-            answered = futures.popleft().result()
-            futures.extend(self._submit(u, n, None) for u, n in islice(left, 1))
-            yield _size_of(*answered)
+        asking = collections.deque(self._probe(u, n) for u, n in islice(left, AHEAD))
+        while asking:
+            request = asking.popleft()
+            size, first = _probed(*request.future.result(), request.head or [])
+            asking.extend(self._probe(u, n) for u, n in islice(left, 1))
+            if size is not None and first is not None:
+                with self._lock:
+                    self._kept[request.url] = (size, first)
+                    while len(self._kept) > KEPT:
+                        self._kept.popitem(last=False)
+            yield size
 
     def close(self) -> None:
         """Stop the thread; requests not answered yet fail, files fetched are dropped."""
         with self._lock:
             self._closed = True
             self._ahead.clear()
+            self._kept.clear()
             self._more.notify()
             easy, self._easy = self._easy, []
         for curl in easy:
             curl.close()
 
-    def _submit(self, url: str, name: str, most: int | None) -> Future[tuple[int, list[bytes]]]:
-        self._check(url)
-        request = _Request(url, name, most)
+    def _first(self, url: str, size: int) -> tuple[int, bytes, None] | None:
+        """The first bytes kept of ``url`` (its size asked), if it still has ``size`` bytes;
+        under the lock."""
+        kept = self._kept.pop(url, None)
+        return (size, kept[1], None) if kept is not None and kept[0] == size else None
+
+    def _probe(self, url: str, name: str) -> _Request:
+        """A size's request: a GET of the first ``PROBE`` bytes, its header lines kept."""
+        return self._submit(_Request(url, name, PROBE, start=0, head=[]))
+
+    def _rest(
+        self, url: str, name: str, size: int, first: bytes
+    ) -> Future[tuple[int, list[bytes]]]:
+        """The GET of what ``first`` lacks of a file of ``size`` bytes: all of it, or the
+        range after it."""
+        start = len(first) or None
+        return self._submit(_Request(url, name, size - len(first), start=start)).future
+
+    def _submit(self, request: _Request) -> _Request:
+        self._check(request.url)
         with self._lock:
             if self._closed:
-                raise TransferError(f"{name}: the reads of this transfer have ended")
+                raise TransferError(f"{request.name}: the reads of this transfer have ended")
             self._waiting.append(request)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="curl", daemon=True)
                 self._thread.start()
             self._more.notify()
-        return request.future
+        return request
 
     def _run(self) -> None:
         """The thread: start what waits (up to ``AT_ONCE`` running), let libcurl move
@@ -317,33 +363,43 @@ class BlockingClient:
 
 
 _WEIRD = 8  # CURLE_WEIRD_SERVER_REPLY: a header libcurl refuses (Content-Length: +7)
-AHEAD = 32  # HEADs asked ahead of the size answered (BlockingClient.sizes)
+AHEAD = 32  # sizes asked ahead of the size answered (BlockingClient.sizes)
+KEPT = 2 * AHEAD  # files whose first bytes are kept for a read (BlockingClient.sizes)
+PROBE = 64 << 10  # bytes a size's request asks for: a file this small comes whole with it
 AT_ONCE = 16  # requests in flight at once (sizes, files), as rclone's --checkers
 IDLE = 1.0  # seconds without a request before the thread of a BlockingClient ends
 WAIT = 0.005  # seconds libcurl waits for its sockets before new requests are started
 
 
 class _Request:
-    """One GET of at most ``most`` bytes (its body gathered), or a HEAD (``most`` None, its
-    header lines gathered); its ``future``: (status, what was gathered), or the error."""
+    """One GET of at most ``most`` bytes, from ``start`` on (a range; None: the whole
+    file), its body gathered, and its header lines in ``head`` if given (a size's request);
+    its ``future``: (status, the body's pieces), or the error."""
 
-    __slots__ = ("url", "name", "most", "future", "gathered")
+    __slots__ = ("url", "name", "most", "start_at", "head", "future", "gathered")
 
-    def __init__(self, url: str, name: str, most: int | None) -> None:
-        self.url, self.name, self.most = url, name, most
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        most: int,
+        start: int | None = None,
+        head: list[bytes] | None = None,
+    ) -> None:
+        self.url, self.name, self.most, self.start_at, self.head = url, name, most, start, head
         self.future: Future[tuple[int, list[bytes]]] = Future()
         self.gathered: list[bytes] = []
 
     def start(self, curl: pycurl.Curl) -> None:
         curl.setopt(pycurl.URL, self.url)
-        if self.most is None:
-            curl.setopt(pycurl.NOBODY, True)
-            curl.setopt(pycurl.MAXFILESIZE_LARGE, 0)
-            curl.setopt(pycurl.HEADERFUNCTION, self.gathered.append)
+        if self.start_at is None:
+            curl.unsetopt(pycurl.RANGE)
         else:
-            curl.setopt(pycurl.HTTPGET, True)
-            curl.setopt(pycurl.WRITEFUNCTION, self.gathered.append if self.most else _nothing)
-            curl.setopt(pycurl.MAXFILESIZE_LARGE, self.most)  # 0: no limit, hence _nothing
+            curl.setopt(pycurl.RANGE, f"{self.start_at}-{self.start_at + self.most - 1}")
+        if self.head is not None:
+            curl.setopt(pycurl.HEADERFUNCTION, self.head.append)
+        curl.setopt(pycurl.WRITEFUNCTION, self.gathered.append if self.most else _nothing)
+        curl.setopt(pycurl.MAXFILESIZE_LARGE, self.most)  # 0: no limit, hence _nothing
 
     def finish(self, curl: pycurl.Curl, code: int | None, text: str) -> None:
         """Answer the request, from the status and libcurl's error ``code`` (None: none)."""
@@ -351,12 +407,13 @@ class _Request:
         curl.unsetopt(pycurl.HEADERFUNCTION)
         status = int(curl.getinfo(pycurl.RESPONSE_CODE))
         over = code in (pycurl.E_FILESIZE_EXCEEDED, pycurl.E_WRITE_ERROR)
-        if code is None or (over and status >= 300):  # an error's body, too long: judged
+        sizing = self.head is not None
+        if code is None or (over and (status >= 300 or sizing)):  # judged by the caller
             self.future.set_result((status, self.gathered))
-        elif code == _WEIRD and self.most is None:  # a HEAD libcurl cannot read: no size
+        elif sizing and (code == _WEIRD or status):  # a reply not read to its end: no size
             self.future.set_result((0, []))
         elif over:
-            self.future.set_exception(too_much(self.name, self.most or 0))
+            self.future.set_exception(too_much(self.name, self.most))
         else:
             self.future.set_exception(_curl_error(code, text, self.name))
 
@@ -388,11 +445,13 @@ class _Range:
         return None
 
 
-def _size_of(status: int, lines: list[bytes]) -> int | None:
-    """The size a HEAD's reply says plainly: one ``Content-Length`` of at most 18 ASCII
-    digits, of a body sent as is; None for anything else."""
-    if status != 200:
-        return None
+def _probed(status: int, body: list[bytes], lines: list[bytes]) -> tuple[int | None, bytes | None]:
+    """What the reply to a size's request (``PROBE`` bytes from 0) says: the file's size,
+    said plainly, and its first bytes (all of them, for a file of up to ``PROBE``), or None.
+    A 206 names the size in ``Content-Range: bytes 0-E/SIZE``, its body bytes 0 to E; a 200
+    (a server that ignores ``Range``) in its ``Content-Length``, its body the file if it
+    came whole. Plainly: one ``Content-Length`` of at most 18 ASCII digits, of a body sent
+    as is, the number of bytes that came; anything else is (None, None)."""
     head = lines
     for at, line in enumerate(lines):  # the last reply's (after a 100 Continue)
         if line.startswith(b"HTTP/"):
@@ -400,8 +459,23 @@ def _size_of(status: int, lines: list[bytes]) -> int | None:
     fields = [line.partition(b":") for line in head]
     given = [v.strip() for k, _, v in fields if k.strip().lower() == b"content-length"]
     coding = [v.strip() for k, _, v in fields if k.strip().lower() == b"content-encoding"]
-    plain = len(given) == 1 and given[0].isdigit() and len(given[0]) <= 18
-    return int(given[0]) if plain and coding in ([], [b"identity"], [b""]) else None
+    if not (
+        len(given) == 1 and _DIGITS.fullmatch(given[0]) and coding in ([], [b"identity"], [b""])
+    ):
+        return None, None
+    length, data = int(given[0]), b"".join(body)
+    if status == 200:
+        return length, data if len(data) == length else None
+    ranges = [v.strip() for k, _, v in fields if k.strip().lower() == b"content-range"]
+    said = _RANGE.fullmatch(ranges[0]) if status == 206 and len(ranges) == 1 else None
+    if said is None or len(data) != length or int(said[1]) + 1 != length:
+        return None, None
+    size = int(said[2])
+    return (size, data) if length <= size else (None, None)
+
+
+_DIGITS = re.compile(rb"[0-9]{1,18}")
+_RANGE = re.compile(rb"bytes 0-([0-9]{1,18})/([0-9]{1,18})")  # from 0, as asked
 
 
 def _nothing(data: bytes) -> int:
