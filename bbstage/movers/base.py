@@ -104,6 +104,9 @@ class MoverOptions:
     destination: BackendOptions | None = None
     source_kind: str = "posix"  # the two location kinds (the generic mover's two backends)
     destination_kind: str = "posix"
+    # the destinations this transfer copies (a shard's share of a tree: the worker drops the
+    # rest of the plan); a mover may ask nothing about the others (None: all)
+    wanted: Callable[[str], bool] | None = None
 
     def side(self, cls: type[OptionsT]) -> OptionsT | None:
         """This transfer's options of type ``cls``, from whichever side has them."""

@@ -5,6 +5,7 @@ and the walk that hands the plan to the copying threads a bounded window ahead o
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
@@ -29,6 +30,14 @@ def plan(mover: Mover, spec: TransferSpec, cancel: threading.Event) -> Iterable[
 def in_shard(dst: str, shard: TreeShard) -> bool:
     """Whether the file at ``dst`` belongs to ``shard`` (a stable hash of the path)."""
     return zlib.crc32(os.fsencode(dst)) % shard.count == shard.index
+
+
+def wanted(shard: TreeShard | FileRange | None) -> Callable[[str], bool] | None:
+    """The files ``only`` keeps, by destination, for a mover that need not ask about the
+    rest (``MoverOptions.wanted``); None: all."""
+    if not isinstance(shard, TreeShard) or shard.count == 1:
+        return None
+    return functools.partial(in_shard, shard=shard)
 
 
 def only(tasks: Iterable[FileTask], shard: TreeShard | FileRange | None) -> Iterable[FileTask]:

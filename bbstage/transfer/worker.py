@@ -230,6 +230,7 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
         destination=spec.destination_options,
         source_kind=spec.source_kind,
         destination_kind=spec.destination_kind,
+        wanted=planning.wanted(spec.part),
     )
     mover = movers.get(spec.source_kind, spec.destination_kind)(options)
     try:

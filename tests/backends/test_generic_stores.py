@@ -732,6 +732,46 @@ def test_the_first_bytes_of_files_never_read_are_not_all_kept(
         next(gen, None)
 
 
+def test_a_shard_of_an_https_tree_asks_the_sizes_of_its_own_files_alone(
+    stores_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A tree split across transfer nodes (``TreeShard``): each shard asks the size of its
+    own files only (an HTTPS size's request brings a small file's bytes: every shard asking
+    every file would read the tree once per node); together the shards stage every file,
+    bytes checked."""
+    from bbstage.movers.implementations.generic import httpget
+    from bbstage.transfer import TreeShard
+
+    gen = open_store(
+        "https", stores_env, StoreOptions({"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]})
+    )
+    store = next(gen)
+    asked: list[str] = []
+    start = httpget._Request.start
+
+    def counted(self: httpget._Request, curl: Any) -> None:
+        if self.head is not None:
+            asked.append(self.url)
+        start(self, curl)
+
+    try:
+        files = {f"s/d{i % 3}/f{i:02d}": os.urandom(500 + i) for i in range(30)}
+        for name, data in files.items():
+            store.put(name, data)
+        suite = BackendSuite()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(httpget._Request, "start", counted)
+            for index in (0, 1):
+                events = suite.run(
+                    store, store.url("s/"), str(tmp_path / "s") + "/", part=TreeShard(index, 2)
+                )
+                assert isinstance(events[-1], Done), events[-1]
+        assert all((tmp_path / name).read_bytes() == data for name, data in files.items())
+        assert len(asked) == len(set(asked)) == len(files), sorted(asked)
+    finally:
+        next(gen, None)
+
+
 def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_checked(
     stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -102,17 +102,28 @@ class GenericMover(Mover):
     ) -> Iterator[FileTask]:
         """The tasks of a tree listed as ``listed``, in order; the sizes the listing lacks
         (HTTP's) are all asked at once (``_infos``), each taken as its file comes: the
-        first files are copied while the last are still asked."""
+        first files are copied while the last are still asked. Files this transfer does
+        not copy (``options.wanted``: another shard's) are left out, their sizes not asked
+        (HTTPS's request of a size brings a small file's bytes)."""
         if self.dst.local:
             yield FileTask(src, dst, "dir", mode=DIR_MODE)
-        below = [(p, p[len(top) :], i) for p, i in listed if p.startswith(top) and p != top]
-        unsized = [p for p, _, i in below if i.get("type") != "directory" and i.get("size") is None]
+        wanted = self.options.wanted or (lambda target: True)
+        below: list[tuple[str, str, dict[str, Any], str]] = []
+        for path, info in listed:
+            if not path.startswith(top) or path == top:
+                continue
+            rel = path[len(top) :]
+            target = dst.rstrip("/") + "/" + self.src.backend.name_of(rel)
+            if info.get("type") == "directory" or wanted(target):
+                below.append((path, rel, info, target))
+        unsized = [
+            p for p, _, i, _ in below if i.get("type") != "directory" and i.get("size") is None
+        ]
         infos = self._infos(unsized, src)
-        for _, rel, listed_info in below:
+        for _, rel, listed_info, target in below:
             info = listed_info
             if info.get("type") != "directory" and info.get("size") is None:
                 info = next(infos)
-            target = dst.rstrip("/") + "/" + self.src.backend.name_of(rel)
             if info.get("type") == "directory":
                 if self.dst.local:
                     yield FileTask(src + rel, target, "dir", mode=DIR_MODE)
