@@ -622,11 +622,8 @@ def test_a_size_the_first_bytes_reply_does_not_say_plainly_is_asked_by_fsspec(
     (tmp_path / "www" / "f").write_bytes(real)
     with _tls_server(stores_env, tmp_path / "www", do_GET=do_GET) as port:
         https = movers.backend("https")
-        options = StoreOptions(
-            {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [f"127.0.0.1:{port}"]}
-        )
         url = f"https://127.0.0.1:{port}/f"
-        fs = https.filesystem(options, url)
+        fs = _allowed(stores_env, port, url)
         assert fs.blocking.size(str(fs.encode_url(url)), url) is None
         assert https.info(fs, url)["size"] == 1234
         https.prefetch(fs, url, 1234)
@@ -680,28 +677,81 @@ def test_a_small_file_comes_with_its_size_and_a_bigger_ones_rest_must_be_its_ran
     def do_GET(self: Any) -> None:  # noqa: N802 - http.server's name
         wanted = self.headers.get("Range", "")
         if wanted == f"bytes=0-{httpget.PROBE - 1}":
-            body, status = bigger[: httpget.PROBE], 206
+            body = bigger[: httpget.PROBE]
             self.send_response(206)
             self.send_header("Content-Range", f"bytes 0-{httpget.PROBE - 1}/{len(bigger)}")
+            self.send_header("ETag", '"v1"')
         else:  # the rest, answered with the whole file's first bytes
-            body, status = bigger[:1000], 200
+            body = bigger[:1000]
             self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-        assert status
 
-    (tmp_path / "www").mkdir()
-    with _tls_server(stores_env, tmp_path / "www", do_GET=do_GET) as port:
-        options = StoreOptions(
-            {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [f"127.0.0.1:{port}"]}
-        )
-        url = f"https://127.0.0.1:{port}/bigger"
-        fs = https.filesystem(options, url)
+    with _served(stores_env, tmp_path, "/bigger", do_GET=do_GET) as (url, fs):
         assert https.info(fs, url)["size"] == len(bigger)
-        with pytest.raises(TransferError, match="whole file|HTTP 200") as e:
+        https.prefetch(fs, url, len(bigger))
+        with pytest.raises(TransferError, match="changed while it was read") as e:
             https.read(fs, url, len(bigger))
         assert not e.value.permanent
+
+
+def test_the_rest_of_a_file_is_read_only_from_the_version_its_first_bytes_came_from(
+    stores_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A file's first bytes come with its size; the rest is asked later, with ``If-Range``
+    (nginx's ETag): a file changed in between (same size, new bytes) is answered whole, and
+    refused, transiently, never joined to the old first bytes; the next read has the new
+    file whole. A server that names no version (no ETag, no Last-Modified) has its first
+    bytes dropped, and the file is read whole, in one GET."""
+    from bbstage import movers
+    from bbstage.movers.implementations.generic import httpget
+
+    https = movers.backend("https")
+    gen = open_store(
+        "https", stores_env, StoreOptions({"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]})
+    )
+    store = next(gen)
+    try:
+        old, new = os.urandom(httpget.PROBE + 1000), os.urandom(httpget.PROBE + 1000)
+        store.put("v", old)
+        fs = https.filesystem(store.options, store.url(""))
+        url = store.url("v")
+        assert https.info(fs, url)["size"] == len(old)
+        assert store.local_root is not None
+        (store.local_root / "v").write_bytes(new)
+        later = time.time() + 10  # a new ETag (nginx's: the time and the size)
+        os.utime(store.local_root / "v", (later, later))
+        https.prefetch(fs, url, len(new))
+        with pytest.raises(TransferError, match="changed while it was read") as e:
+            https.read(fs, url, len(new))
+        assert not e.value.permanent
+        assert https.read(fs, url, len(new)) == new
+    finally:
+        next(gen, None)
+
+    seen: list[str | None] = []
+    body = os.urandom(httpget.PROBE + 1000)
+
+    def do_GET(self: Any) -> None:  # noqa: N802 - http.server's name
+        wanted = self.headers.get("Range")
+        seen.append(wanted)
+        first, last = (0, len(body) - 1)
+        if wanted:
+            first, last = (int(x) for x in wanted.removeprefix("bytes=").split("-"))
+            last = min(last, len(body) - 1)
+        self.send_response(206 if wanted else 200)
+        if wanted:
+            self.send_header("Content-Range", f"bytes {first}-{last}/{len(body)}")
+        self.send_header("Content-Length", str(last + 1 - first))
+        self.end_headers()
+        self.wfile.write(body[first : last + 1])
+
+    with _served(stores_env, tmp_path, "/f", do_GET=do_GET) as (url, fs):
+        assert https.info(fs, url)["size"] == len(body)
+        https.prefetch(fs, url, len(body))
+        assert https.read(fs, url, len(body)) == body
+    assert seen == [f"bytes=0-{httpget.PROBE - 1}", None], seen
 
 
 def test_the_first_bytes_of_files_never_read_are_not_all_kept(
@@ -890,6 +940,26 @@ def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_che
         assert not seen, "a redirect reached a host the site did not allow"
     finally:
         next(gen, None)
+
+
+def _allowed(env: dict[str, str], port: int, url: str) -> Any:
+    """The https filesystem of ``url``, on a test server at ``port`` that the site allows."""
+    from bbstage import movers
+
+    options = StoreOptions(
+        {"ca_bundle": env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [f"127.0.0.1:{port}"]}
+    )
+    return movers.backend("https").filesystem(options, url)
+
+
+@contextlib.contextmanager
+def _served(env: dict[str, str], tmp_path: Path, path: str, **methods: Any) -> Iterator[Any]:
+    """``_tls_server`` with ``methods``, serving an empty directory; the URL of ``path``
+    there and its https filesystem, the server allowed."""
+    (tmp_path / "www").mkdir()
+    with _tls_server(env, tmp_path / "www", **methods) as port:
+        url = f"https://127.0.0.1:{port}{path}"
+        yield url, _allowed(env, port, url)
 
 
 @contextlib.contextmanager

@@ -44,6 +44,10 @@ PIECE = 1 << 20  # a range's bytes are handed on in pieces of this (libcurl's bu
 TIMEOUT = 300.0
 
 
+# a file read ahead: (planned size, its first bytes, their validator, the rest's GET or None)
+_Ahead = tuple[int, bytes, bytes, "Future[tuple[int, list[bytes]]] | None"]
+
+
 def tls_context(bundle: str | None) -> ssl.SSLContext:
     """Verification against the system's CAs (``system_cas``) and, if given, the site's
     ``ca_bundle`` too: it is never turned off."""
@@ -140,10 +144,14 @@ class BlockingClient:
         self._lock = threading.Lock()
         self._more = threading.Condition(self._lock)  # a request waits, or close
         self._waiting: collections.deque[_Request] = collections.deque()
-        # files read ahead (fetch): url -> (planned size, their first bytes, the rest's GET)
-        self._ahead: dict[str, tuple[int, bytes, Future[tuple[int, list[bytes]]] | None]] = {}
-        # the first bytes of files whose size was asked: url -> (size, bytes), oldest first
-        self._kept: collections.OrderedDict[str, tuple[int, bytes]] = collections.OrderedDict()
+        # files read ahead (fetch): url -> (planned size, their first bytes, those bytes'
+        # validator, the rest's GET)
+        self._ahead: dict[str, _Ahead] = {}
+        # the first bytes of files whose size was asked, oldest first: url -> (size, the
+        # bytes, the reply's validator: the rest is asked only if the file is still that one)
+        self._kept: collections.OrderedDict[str, tuple[int, bytes, bytes]] = (
+            collections.OrderedDict()
+        )
         self._thread: threading.Thread | None = None
         self._closed = False
         self._easy: list[pycurl.Curl] = []  # idle handles of ranges
@@ -189,19 +197,26 @@ class BlockingClient:
         """The whole body, planned at ``size`` bytes: the first bytes its size's request
         brought and the rest (the GET ``fetch`` started, if it did), or all of it in one
         GET; a longer one is refused (``too_much``), never gathered whole. The rest must
-        come as the range asked for (206)."""
+        come as the range asked for (206), of the same file (``If-Range``: a file changed
+        since its first bytes came is answered whole), else it is refused, transiently: the
+        next try reads the file whole."""
         with self._lock:
             ahead = self._ahead.pop(url, None) or self._first(url, size)
-        first, future = (
-            (ahead[1], ahead[2]) if ahead is not None and ahead[0] == size else (b"", None)
+        _, first, since, future = (
+            ahead if ahead is not None and ahead[0] == size else (size, b"", b"", None)
         )
         if len(first) == size:
             return first
-        status, chunks = (future or self._rest(url, name, size, first)).result()
+        status, chunks = (future or self._rest(url, name, size, first, since)).result()
         if 300 <= status < 400:
             return None
-        if status >= 400 or first:
-            judge(status, _reason(status), name, ranged=bool(first))
+        if status >= 400:
+            judge(status, _reason(status), name, ranged=False)
+        if first and status != 206:  # If-Range: a file changed since is sent whole
+            raise TransferError(
+                f"{name}: changed while it was read (HTTP {status}, not the rest)",
+                permanent=False,
+            )
         return first + b"".join(chunks)
 
     def fetch(self, url: str, name: str, size: int) -> None:
@@ -210,13 +225,13 @@ class BlockingClient:
         to ``read``, which refuses it."""
         with self._lock:
             kept = self._first(url, size)
-        first = kept[1] if kept is not None else b""
+        _, first, since, _ = kept if kept is not None else (size, b"", b"", None)
         try:
-            future = None if len(first) == size else self._rest(url, name, size, first)
+            future = None if len(first) == size else self._rest(url, name, size, first, since)
         except TransferError:
             return
         with self._lock:
-            self._ahead[url] = (size, first, future)
+            self._ahead[url] = (size, first, since, future)
 
     def size(self, url: str, name: str) -> int | None:
         """The size the reply to a GET of the first ``PROBE`` bytes says plainly
@@ -235,11 +250,11 @@ class BlockingClient:
         asking = collections.deque(self._probe(u, n) for u, n in islice(left, AHEAD))
         while asking:
             request = asking.popleft()
-            size, first = _probed(*request.future.result(), request.head or [])
+            size, first, since = _probed(*request.future.result(), request.head or [])
             asking.extend(self._probe(u, n) for u, n in islice(left, 1))
-            if size is not None and first is not None:
+            if size is not None and first is not None and (len(first) == size or since):
                 with self._lock:
-                    self._kept[request.url] = (size, first)
+                    self._kept[request.url] = (size, first, since)
                     while len(self._kept) > KEPT:
                         self._kept.popitem(last=False)
             yield size
@@ -255,23 +270,24 @@ class BlockingClient:
         for curl in easy:
             curl.close()
 
-    def _first(self, url: str, size: int) -> tuple[int, bytes, None] | None:
-        """The first bytes kept of ``url`` (its size asked), if it still has ``size`` bytes;
-        under the lock."""
+    def _first(self, url: str, size: int) -> _Ahead | None:
+        """The first bytes kept of ``url`` (its size asked) and their validator, if it
+        still has ``size`` bytes, no GET started; under the lock."""
         kept = self._kept.pop(url, None)
-        return (size, kept[1], None) if kept is not None and kept[0] == size else None
+        return (*kept, None) if kept is not None and kept[0] == size else None
 
     def _probe(self, url: str, name: str) -> _Request:
         """A size's request: a GET of the first ``PROBE`` bytes, its header lines kept."""
         return self._submit(_Request(url, name, PROBE, start=0, head=[]))
 
     def _rest(
-        self, url: str, name: str, size: int, first: bytes
+        self, url: str, name: str, size: int, first: bytes, since: bytes
     ) -> Future[tuple[int, list[bytes]]]:
         """The GET of what ``first`` lacks of a file of ``size`` bytes: all of it, or the
-        range after it."""
+        range after it, if the file is still the one ``since`` (its validator) names."""
         start = len(first) or None
-        return self._submit(_Request(url, name, size - len(first), start=start)).future
+        request = _Request(url, name, size - len(first), start=start, since=since)
+        return self._submit(request).future
 
     def _submit(self, request: _Request) -> _Request:
         self._check(request.url)
@@ -376,10 +392,11 @@ WAIT = 0.005  # seconds libcurl waits for its sockets before new requests are st
 
 class _Request:
     """One GET of at most ``most`` bytes, from ``start`` on (a range; None: the whole
-    file), its body gathered, and its header lines in ``head`` if given (a size's request);
-    its ``future``: (status, the body's pieces), or the error."""
+    file; ``since``: only if the file is still the one this validator names, else the
+    whole file, ``If-Range``), its body gathered, and its header lines in ``head`` if given
+    (a size's request); its ``future``: (status, the body's pieces), or the error."""
 
-    __slots__ = ("url", "name", "most", "start_at", "head", "future", "gathered")
+    __slots__ = ("url", "name", "most", "start_at", "head", "since", "future", "gathered")
 
     def __init__(
         self,
@@ -388,8 +405,10 @@ class _Request:
         most: int,
         start: int | None = None,
         head: list[bytes] | None = None,
+        since: bytes = b"",
     ) -> None:
         self.url, self.name, self.most, self.start_at, self.head = url, name, most, start, head
+        self.since = since
         self.future: Future[tuple[int, list[bytes]]] = Future()
         self.gathered: list[bytes] = []
 
@@ -399,6 +418,10 @@ class _Request:
             curl.unsetopt(pycurl.RANGE)
         else:
             curl.setopt(pycurl.RANGE, f"{self.start_at}-{self.start_at + self.most - 1}")
+        if self.since:
+            curl.setopt(pycurl.HTTPHEADER, [b"If-Range: " + self.since])
+        else:
+            curl.unsetopt(pycurl.HTTPHEADER)
         if self.head is not None:
             curl.setopt(pycurl.HEADERFUNCTION, self.head.append)
         curl.setopt(pycurl.WRITEFUNCTION, self.gathered.append if self.most else _nothing)
@@ -411,7 +434,8 @@ class _Request:
         status = int(curl.getinfo(pycurl.RESPONSE_CODE))
         over = code in (pycurl.E_FILESIZE_EXCEEDED, pycurl.E_WRITE_ERROR)
         sizing = self.head is not None
-        if code is None or (over and (status >= 300 or sizing)):  # judged by the caller
+        whole = over and status == 200 and self.since  # changed since: sent whole (If-Range)
+        if code is None or (over and (status >= 300 or sizing)) or whole:  # judged by the caller
             self.future.set_result((status, self.gathered))
         elif sizing and (code == _WEIRD or status):  # a reply not read to its end: no size
             self.future.set_result((0, []))
@@ -458,37 +482,58 @@ class _Range:
             self.at += len(piece)
 
 
-def _probed(status: int, body: list[bytes], lines: list[bytes]) -> tuple[int | None, bytes | None]:
+def _probed(
+    status: int, body: list[bytes], lines: list[bytes]
+) -> tuple[int | None, bytes | None, bytes]:
     """What the reply to a size's request (``PROBE`` bytes from 0) says: the file's size,
-    said plainly, and its first bytes (all of them, for a file of up to ``PROBE``), or None.
-    A 206 names the size in ``Content-Range: bytes 0-E/SIZE``, its body bytes 0 to E; a 200
-    (a server that ignores ``Range``) in its ``Content-Length``, its body the file if it
-    came whole. Plainly: one ``Content-Length`` of at most 18 ASCII digits, of a body sent
-    as is, the number of bytes that came; anything else is (None, None)."""
+    said plainly, its first bytes (all of them, for a file of up to ``PROBE``), or None,
+    and the validator that names this version of it (``_validator``; b"" if none). A 206
+    names the size in ``Content-Range: bytes 0-E/SIZE``, its body bytes 0 to E; a 200 (a
+    server that ignores ``Range``) in its ``Content-Length``, its body the file if it came
+    whole. Plainly: one ``Content-Length`` of at most 18 ASCII digits, of a body sent as
+    is, the number of bytes that came; anything else is (None, None, b"")."""
     head = lines
     for at, line in enumerate(lines):  # the last reply's (after a 100 Continue)
         if line.startswith(b"HTTP/"):
             head = lines[at + 1 :]
-    fields = [line.partition(b":") for line in head]
-    given = [v.strip() for k, _, v in fields if k.strip().lower() == b"content-length"]
-    coding = [v.strip() for k, _, v in fields if k.strip().lower() == b"content-encoding"]
+    fields: dict[bytes, list[bytes]] = {}
+    for line in head:
+        key, _, value = line.partition(b":")
+        fields.setdefault(key.strip().lower(), []).append(value.strip())
+    given = fields.get(b"content-length", [])
+    coding = fields.get(b"content-encoding", [])
     if not (
         len(given) == 1 and _DIGITS.fullmatch(given[0]) and coding in ([], [b"identity"], [b""])
     ):
-        return None, None
-    length, data = int(given[0]), b"".join(body)
+        return None, None, b""
+    length, data, since = int(given[0]), b"".join(body), _validator(fields)
     if status == 200:
-        return length, data if len(data) == length else None
-    ranges = [v.strip() for k, _, v in fields if k.strip().lower() == b"content-range"]
+        return length, data if len(data) == length else None, since
+    ranges = fields.get(b"content-range", [])
     said = _RANGE.fullmatch(ranges[0]) if status == 206 and len(ranges) == 1 else None
     if said is None or len(data) != length or int(said[1]) + 1 != length:
-        return None, None
+        return None, None, b""
     size = int(said[2])
-    return (size, data) if length <= size else (None, None)
+    return (size, data, since) if length <= size else (None, None, b"")
+
+
+def _validator(fields: dict[bytes, list[bytes]]) -> bytes:
+    """What names this version of the file, for ``If-Range``: its strong ``ETag``, else its
+    ``Last-Modified`` date, each only in its plain form (nothing else is sent back); b""
+    if none."""
+    for name, form in ((b"etag", _ETAG), (b"last-modified", _DATE)):
+        values = fields.get(name, [])
+        if len(values) == 1 and form.fullmatch(values[0]):
+            return values[0]
+    return b""
 
 
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 _RANGE = re.compile(rb"bytes 0-([0-9]{1,18})/([0-9]{1,18})")  # from 0, as asked
+_ETAG = re.compile(rb'"[\x21\x23-\x7e]{0,200}"')  # a strong ETag (W/"..." is weak)
+_DATE = re.compile(
+    rb"[A-Z][a-z]{2}, [0-9]{2} [A-Z][a-z]{2} [0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2} GMT"
+)
 
 
 def _nothing(data: bytes) -> int:
