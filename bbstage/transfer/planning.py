@@ -43,9 +43,10 @@ def wanted(shard: TreeShard | FileRange | None) -> Callable[[str], bool] | None:
 def only(tasks: Iterable[FileTask], shard: TreeShard | FileRange | None) -> Iterable[FileTask]:
     """The plan of one shard of a tree: every directory (each shard makes the ones it walks),
     and the files and links of the shard (all of them for anything but a ``TreeShard``)."""
-    if not isinstance(shard, TreeShard) or shard.count == 1:
+    keep = wanted(shard)
+    if keep is None:
         return tasks
-    return (t for t in tasks if t.kind == "dir" or in_shard(t.dst, shard))
+    return (t for t in tasks if t.kind == "dir" or keep(t.dst))
 
 
 PROBE_ENTRIES = 10_000  # ``below`` gives up (says no) after looking at this many entries
