@@ -22,7 +22,8 @@ class DaemonError(RuntimeError):
 
 
 class Unreachable(DaemonError):
-    """The daemon could not be reached (no socket, no API, nothing listening)."""
+    """The daemon could not be reached (no socket, no API, nothing listening), or went away
+    before it answered: what the request did is unknown, a restarted daemon can say."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ def call(where: Path | Target, op: str, timeout: float = 10.0, **fields: Any) ->
     except OSError as exc:
         reason = exc.strerror or exc
         raise Unreachable(f"staging daemon not reachable at {where}: {reason}") from None
+    if not data:  # read the request and went away (killed, or stopping): ask again later
+        raise Unreachable(f"staging daemon at {where} closed the connection without answering")
     try:
         reply = json.loads(data)
     except json.JSONDecodeError:

@@ -178,7 +178,8 @@ done
     for copy in copies:  # failed is allowed: reported, with a reason, to the job too
         assert copy["state"] == "done" or (copy["state"] == "failed" and copy["error"]), copy
     failed = sum(copy["state"] == "failed" for copy in copies)
-    assert sorted(rcs.values()) == ["0"] * (len(rcs) - failed) + ["1"] * failed, rcs
+    said = {n: (out / f"wait{n}.out").read_text() for n in rcs}  # what each wait printed
+    assert sorted(rcs.values()) == ["0"] * (len(rcs) - failed) + ["1"] * failed, (rcs, said)
     expected = dict(line.split()[::-1] for line in (out / "expected").read_text().splitlines())
     for n, rc in rcs.items():
         if rc == "0":
