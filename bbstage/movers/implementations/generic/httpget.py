@@ -118,7 +118,8 @@ class BlockingClient:
     says the size (``Content-Range``), and brings a file of up to ``PROBE`` bytes whole, the
     first ``PROBE`` of a bigger one; those are kept (the last ``KEPT`` files) for ``fetch``
     and ``read``, which ask only for the rest. One request per small file where a HEAD and
-    a GET were two.
+    a GET were two. The rest of a file, and each range of a bigger one, is asked only of
+    the version the size came with (``If-Range``).
 
     The rules: ``check(url)`` refuses a host the site has not allowed (https:
     ``allowed_hosts``) before each request; no redirect followed (None, for the caller's
@@ -152,6 +153,10 @@ class BlockingClient:
         self._kept: collections.OrderedDict[str, tuple[int, bytes, bytes]] = (
             collections.OrderedDict()
         )
+        # bigger files, the last VERSIONS whose size was asked: url -> (that size, the
+        # version it came with); each range is asked only of that version (If-Range), and
+        # must be of a file of that size
+        self._versions: collections.OrderedDict[str, tuple[int, bytes]] = collections.OrderedDict()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._easy: list[pycurl.Curl] = []  # idle handles of ranges
@@ -160,15 +165,24 @@ class BlockingClient:
         """Bytes ``start`` to ``end`` into ``into`` as they come, in this thread; the number
         of bytes read. A reply that is not the range (a 200: the whole file) is refused
         before a byte is handed on; a body longer than the range, after its last byte
-        (``too_much``)."""
+        (``too_much``). A file whose size was asked here is read only in the version it
+        had (``If-Range``) and at that size (``Content-Range``): changed since, a range is
+        answered whole, or of another size, and refused, transiently, never staged of two
+        versions nor at a size it no longer has. The next try asks the version the refused
+        reply named: a file changed in place, its size kept, is read again whole."""
         self._check(url)
         reply = _Range(start, into)
         with self._lock:
             curl = self._easy.pop() if self._easy else self._handle(PIECE)
+            planned, since = self._versions.get(url, (None, b""))
         code, text = None, ""
         try:
             curl.setopt(pycurl.URL, url)
             curl.setopt(pycurl.RANGE, f"{start}-{end - 1}")
+            if since:
+                curl.setopt(pycurl.HTTPHEADER, [b"If-Range: " + since])
+            else:
+                curl.unsetopt(pycurl.HTTPHEADER)
             curl.setopt(pycurl.MAXFILESIZE_LARGE, end - start)  # stopped at its last byte
             curl.setopt(pycurl.HEADERFUNCTION, reply.header)
             curl.setopt(pycurl.WRITEFUNCTION, reply.body)
@@ -190,8 +204,33 @@ class BlockingClient:
             raise _curl_error(code, text, name)
         if 300 <= status < 400:
             return None
+        if planned is not None and status in (200, 206):
+            self._same_file(url, name, planned, status, _fields(reply.lines))
         judge(status, _reason(status), name, ranged=True)
         return reply.at - start
+
+    def _same_file(
+        self, url: str, name: str, planned: int, status: int, fields: dict[bytes, list[bytes]]
+    ) -> None:
+        """Refuse a reply to a range of ``url`` (of ``planned`` bytes when its size was
+        asked) that shows the file changed since: sent whole (``If-Range``: another
+        version; the next try asks the version this reply names), or a range of a file of
+        another size."""
+        if status == 200:
+            with self._lock:
+                self._versions[url] = (planned, _validator(fields))
+            raise TransferError(
+                f"{name}: changed while it was read (HTTP {status}, not the range)",
+                permanent=False,
+            )
+        ranges = fields.get(b"content-range", [])
+        said = _ANY_RANGE.fullmatch(ranges[0]) if len(ranges) == 1 else None
+        if said is None or int(said[1]) != planned:
+            now = said[1].decode() if said is not None else "an unknown number of"
+            raise TransferError(
+                f"{name}: changed while it was read (it has {now} bytes, planned {planned})",
+                permanent=False,
+            )
 
     def read(self, url: str, name: str, size: int) -> bytes | None:
         """The whole body, planned at ``size`` bytes: the first bytes its size's request
@@ -245,18 +284,24 @@ class BlockingClient:
         error raised. ``AHEAD`` are asked ahead of the one answered: a file's GET that
         ``fetch`` started as its size came waits behind that many, not all. The first bytes
         each brought are kept, the last ``KEPT`` (twice ``AHEAD``: a caller that takes each
-        size and then fetches the file finds its bytes still kept)."""
+        size and then fetches the file finds its bytes still kept); the version of each
+        bigger one a server answered with a range, the last ``VERSIONS``, for ``read_range``."""
         left = iter(asked)
         asking = collections.deque(self._probe(u, n) for u, n in islice(left, AHEAD))
         while asking:
             request = asking.popleft()
-            size, first, since = _probed(*request.future.result(), request.head or [])
+            status, body = request.future.result()
+            size, first, since = _probed(status, body, request.head or [])
             asking.extend(self._probe(u, n) for u, n in islice(left, 1))
             if size is not None and first is not None and (len(first) == size or since):
                 with self._lock:
                     self._kept[request.url] = (size, first, since)
                     while len(self._kept) > KEPT:
                         self._kept.popitem(last=False)
+                    if len(first) < size and status == 206:
+                        self._versions[request.url] = (size, since)  # for its ranges
+                        while len(self._versions) > VERSIONS:
+                            self._versions.popitem(last=False)
             yield size
 
     def close(self) -> None:
@@ -265,6 +310,7 @@ class BlockingClient:
             self._closed = True
             self._ahead.clear()
             self._kept.clear()
+            self._versions.clear()
             self._more.notify()
             easy, self._easy = self._easy, []
         for curl in easy:
@@ -384,6 +430,7 @@ class BlockingClient:
 _WEIRD = 8  # CURLE_WEIRD_SERVER_REPLY: a header libcurl refuses (Content-Length: +7)
 AHEAD = 32  # sizes asked ahead of the size answered (BlockingClient.sizes)
 KEPT = 2 * AHEAD  # files whose first bytes are kept for a read (BlockingClient.sizes)
+VERSIONS = 16384  # bigger files whose version is kept for their ranges (about 4 MiB)
 PROBE = 64 << 10  # bytes a size's request asks for: a file this small comes whole with it
 AT_ONCE = 16  # requests in flight at once (sizes, files), as rclone's --checkers
 IDLE = 1.0  # seconds without a request before the thread of a BlockingClient ends
@@ -446,21 +493,23 @@ class _Request:
 
 
 class _Range:
-    """What libcurl hands of one ranged reply: its status (from its header lines), then
+    """What libcurl hands of one ranged reply: its header ``lines`` and status, then
     its body, on to ``into`` in pieces of ``PIECE`` bytes (``flush``: the last), if it is a
     206 (``refused`` if not: nothing handed on).
     libcurl itself stops a body at the range's length (``MAXFILESIZE``), before a byte
     past it is handed on."""
 
-    __slots__ = ("at", "into", "status", "refused", "piece")
+    __slots__ = ("at", "into", "lines", "status", "refused", "piece")
 
     def __init__(self, start: int, into: Into) -> None:
         self.at, self.into = start, into
+        self.lines: list[bytes] = []
         self.status = 0
         self.refused = False
         self.piece = bytearray()
 
     def header(self, line: bytes) -> None:
+        self.lines.append(line)
         if line.startswith(b"HTTP/"):  # the last reply's (after a 100 Continue)
             status = line.split(None, 2)[1:2]
             self.status = int(status[0]) if status and status[0].isdigit() else 0
@@ -492,14 +541,7 @@ def _probed(
     server that ignores ``Range``) in its ``Content-Length``, its body the file if it came
     whole. Plainly: one ``Content-Length`` of at most 18 ASCII digits, of a body sent as
     is, the number of bytes that came; anything else is (None, None, b"")."""
-    head = lines
-    for at, line in enumerate(lines):  # the last reply's (after a 100 Continue)
-        if line.startswith(b"HTTP/"):
-            head = lines[at + 1 :]
-    fields: dict[bytes, list[bytes]] = {}
-    for line in head:
-        key, _, value = line.partition(b":")
-        fields.setdefault(key.strip().lower(), []).append(value.strip())
+    fields = _fields(lines)
     given = fields.get(b"content-length", [])
     coding = fields.get(b"content-encoding", [])
     if not (
@@ -517,6 +559,20 @@ def _probed(
     return (size, data, since) if length <= size else (None, None, b"")
 
 
+def _fields(lines: list[bytes]) -> dict[bytes, list[bytes]]:
+    """The header fields of the last reply in ``lines`` (after a 100 Continue), by
+    lower-case name, each name's values in order."""
+    head = lines
+    for at, line in enumerate(lines):
+        if line.startswith(b"HTTP/"):
+            head = lines[at + 1 :]
+    fields: dict[bytes, list[bytes]] = {}
+    for line in head:
+        key, _, value = line.partition(b":")
+        fields.setdefault(key.strip().lower(), []).append(value.strip())
+    return fields
+
+
 def _validator(fields: dict[bytes, list[bytes]]) -> bytes:
     """What names this version of the file, for ``If-Range``: its strong ``ETag``, else its
     ``Last-Modified`` date, each only in its plain form (nothing else is sent back); b""
@@ -530,6 +586,7 @@ def _validator(fields: dict[bytes, list[bytes]]) -> bytes:
 
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 _RANGE = re.compile(rb"bytes 0-([0-9]{1,18})/([0-9]{1,18})")  # from 0, as asked
+_ANY_RANGE = re.compile(rb"bytes [0-9]{1,18}-[0-9]{1,18}/([0-9]{1,18})")  # its file's size
 _ETAG = re.compile(rb'"[\x21\x23-\x7e]{0,200}"')  # a strong ETag (W/"..." is weak)
 _DATE = re.compile(
     rb"[A-Z][a-z]{2}, [0-9]{2} [A-Z][a-z]{2} [0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2} GMT"
