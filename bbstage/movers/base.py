@@ -171,6 +171,14 @@ class Mover(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
+    def remove_temps(self, parent: str, stale: Callable[[str], bool]) -> int:
+        """Remove from ``parent``, a store's directory, the temporary files whose names
+        ``stale`` picks (a killed attempt's); how many. For a store whose uploads go under
+        temporary names (``temp_name``) and are renamed into place; local directories are
+        swept by ``planning.remove_stale_temps``, and a store that puts an object whole
+        leaves none."""
+        return 0
+
     def copy_range(
         self,
         task: FileTask,

@@ -258,10 +258,14 @@ class Walk:
 
 
 def remove_stale_temps(
-    tasks: Iterable[FileTask], job_id: str, part: TreeShard | FileRange | None = None
+    mover: Mover,
+    tasks: Iterable[FileTask],
+    job_id: str,
+    part: TreeShard | FileRange | None = None,
 ) -> int:
     """Remove the temporary files an earlier, killed attempt of this job left in the
-    local destination directories of ``tasks`` (as the user); how many were removed.
+    destination directories of ``tasks`` (as the user: local ones here, a store's through
+    ``mover.remove_temps``); how many were removed.
     With a ``TreeShard``, only those of its files (other shards may be copying beside it);
     with a ``FileRange``, all but those of its group (its siblings' file).
     Each directory is read once per run of its entries (a walk keeps a directory's
@@ -269,9 +273,16 @@ def remove_stale_temps(
     pattern, removed, last = localfs.temp_pattern(job_id), 0, None
     for task in tasks:
         parent = os.path.dirname(task.dst)
-        if parent == last or "://" in task.dst:  # a store's: no local directory
+        if parent == last:
             continue
         last = parent
+        if "://" in task.dst:  # a store's directory
+
+            def stale(name: str, parent: str = parent) -> bool:
+                return bool(pattern.match(name)) and _stale(os.path.join(parent, name), part)
+
+            removed += mover.remove_temps(parent, stale)
+            continue
         try:
             names = os.listdir(parent)
         except OSError:

@@ -241,7 +241,7 @@ def run(spec: TransferSpec, reporter: Reporter, cancel: threading.Event) -> None
             return _copy_range(mover, list(tasks), spec.part, spec, reporter, cancel)
         # First passes, before anything is copied; they keep counts, never the plan.
         if spec.resumed:
-            planning.remove_stale_temps(tasks, spec.job_id, spec.part)
+            planning.remove_stale_temps(mover, tasks, spec.job_id, spec.part)
             tasks = tasks if again else planning.plan(mover, spec, cancel)
         if spec.scratch_limit is not None:  # the whole tree must fit, whichever the shard
             chosen = planning.select(mover, tasks, spec.overwrite)
@@ -269,7 +269,7 @@ def _copy_range(
     else (a smaller file, a link, a file already in place, a transfer with ``checksum=``)
     range 0 copies whole, alone."""
     if spec.resumed:
-        planning.remove_stale_temps(plan, spec.job_id, part)
+        planning.remove_stale_temps(mover, plan, spec.job_id, part)
     chosen = list(planning.select(mover, plan, spec.overwrite))
     if spec.scratch_limit is not None:
         planning.check_capacity(chosen, spec.scratch_limit)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import cast
 
-from bbstage.movers import FileTask
+from bbstage.movers import FileTask, Mover
 from bbstage.movers.localfs import temp_name
 from bbstage.transfer import (
     Done,
@@ -23,6 +24,8 @@ from bbstage.transfer import (
     worker,
 )
 from tests.helpers import Conn, make_tree, tree_digests
+
+NO_MOVER = cast(Mover, None)  # local destinations only: the mover's store sweep is not asked
 
 
 def files(n: int) -> list[FileTask]:
@@ -73,12 +76,12 @@ def test_a_resumed_shard_sweeps_only_its_own_temporary_files(area: Path) -> None
         Path(path).write_bytes(b"partial")
     tasks = [FileTask(f"/s/f{i}", str(dst / f"f{i}")) for i in range(40)]
     shard = TreeShard(1, 2)
-    removed = planning.remove_stale_temps(tasks, "7", shard)
+    removed = planning.remove_stale_temps(NO_MOVER, tasks, "7", shard)
     left = set(map(str, dst.iterdir()))
     for i, path in enumerate(temps):
         assert (path in left) != planning.in_shard(str(dst / f"f{i}"), shard)
     assert removed == 40 - len(left) > 0
-    assert planning.remove_stale_temps(tasks, "7") == len(left)  # unsharded: all of them
+    assert planning.remove_stale_temps(NO_MOVER, tasks, "7") == len(left)  # unsharded: all of them
     assert not os.listdir(dst)
 
 
@@ -125,7 +128,7 @@ def test_a_resumed_share_sweeps_older_groups_and_keeps_its_own(area: Path) -> No
     for path in old + live:
         Path(path).write_bytes(b"partial")
     tasks = [FileTask("/s/big.dat", str(dst), size=10)]
-    assert planning.remove_stale_temps(tasks, "7", FileRange(0, 2, "00000002")) == 2
+    assert planning.remove_stale_temps(NO_MOVER, tasks, "7", FileRange(0, 2, "00000002")) == 2
     assert sorted(map(str, area.iterdir())) == sorted(live)
 
 

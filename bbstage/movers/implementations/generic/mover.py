@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -195,6 +195,22 @@ class GenericMover(Mover):
     def close(self) -> None:
         self.src.close()
         self.dst.close()
+
+    def remove_temps(self, parent: str, stale: Callable[[str], bool]) -> int:
+        """A killed attempt's temporary files in ``parent`` of a store that takes uploads
+        under a temporary name (SFTP), removed, as the user (this worker's identity); a
+        directory not there yet has none."""
+        if self.dst.local or self.dst.backend.atomic_put:
+            return 0
+        fs, path = self.dst.fs(parent), self.dst.path(parent)
+        try:
+            names = self._call(lambda: fs.ls(path, detail=False), parent)
+        except FileNotFoundError:
+            return 0
+        found = [name for name in names if stale(os.path.basename(name.rstrip("/")))]
+        for name in found:
+            self._call(lambda name=name: fs.rm_file(name), parent)
+        return len(found)
 
     def copy(self, task: FileTask, progress: Progress, cancel: threading.Event) -> None:
         if cancel.is_set():
