@@ -411,6 +411,48 @@ def test_allowed_hosts_in_the_daemon_config_are_checked() -> None:
     )
 
 
+def test_a_hosts_judgement_kept_for_a_url_holds_for_each_url_that_shares_its_host() -> None:
+    """A client's check keeps its judgement of each URL's part before the path: whatever
+    URLs were judged before, each is judged as its own host says (``urlsplit``'s
+    netloc), tricky ones too (a user name, a query or fragment in place of a path, an
+    empty or bracketed host, no "//", controls that urlsplit removes)."""
+    import random
+    import urllib.parse
+
+    from bbstage import movers
+
+    https = movers.backend("https")
+    settings = {"allowed_hosts": ["data.example.org", "[::1]:8443"]}
+    rule = https.site_rule(settings)
+    assert rule is not None
+    urls = [
+        "https://data.example.org/a", "https://data.example.org:443/b", "https://evil.org/a",
+        "https://data.example.org@evil.org/a", "https://evil.org@data.example.org/a",
+        "https://data.example.org?x=/a", "https://evil.org?data.example.org/",
+        "https://data.example.org#/a", "https://evil.org#/data.example.org/",
+        "https:///data.example.org/a", "https:data.example.org/a", "data.example.org/a",
+        "https://[::1]:8443/a", "https://[::1/a", "https://[::1]:8443@evil.org/a",
+        "https://data.exa\tmple.org/a", "https://data.example.org\n/a", "https://evil.org\n",
+        "https://DATA.example.org/x", "https://data.example.org:0443/x", "",
+    ]  # fmt: skip
+
+    def refused(url: str) -> bool:
+        try:
+            return rule.refused_host(urllib.parse.urlsplit(url).netloc) is not None
+        except ValueError:
+            return rule.refused_host("") is not None
+
+    for seed in range(20):
+        check = https.host_check(settings)  # a client's: it keeps what it judged
+        for url in random.Random(seed).choices(urls, k=200):
+            try:
+                check(url)
+                taken = True
+            except TransferError:
+                taken = False
+            assert taken == (not refused(url)), url
+
+
 def test_the_users_ssh_config_does_not_send_an_sftp_transfer_elsewhere(
     stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,7 +29,7 @@ import os
 import re
 import ssl
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from itertools import islice
 
@@ -44,8 +44,10 @@ PIECE = 1 << 20  # a range's bytes are handed on in pieces of this (libcurl's bu
 TIMEOUT = 300.0
 
 
-# a file read ahead: (planned size, its first bytes, their validator, the rest's GET or None)
-_Ahead = tuple[int, bytes, bytes, "Future[tuple[int, list[bytes]]] | None"]
+# a file read ahead: (planned size, its first bytes as they came, in pieces (joined by the
+# reading thread, with the rest: not on the thread that walks the tree), their validator,
+# the rest's GET or None)
+_Ahead = tuple[int, list[bytes], bytes, "Future[tuple[int, list[bytes]]] | None"]
 
 
 def tls_context(bundle: str | None) -> ssl.SSLContext:
@@ -150,7 +152,7 @@ class BlockingClient:
         self._ahead: dict[str, _Ahead] = {}
         # the first bytes of files whose size was asked, oldest first: url -> (size, the
         # bytes, the reply's validator: the rest is asked only if the file is still that one)
-        self._kept: collections.OrderedDict[str, tuple[int, bytes, bytes]] = (
+        self._kept: collections.OrderedDict[str, tuple[int, list[bytes], bytes]] = (
             collections.OrderedDict()
         )
         # bigger files, the last VERSIONS whose size was asked: url -> (that size, the
@@ -242,11 +244,12 @@ class BlockingClient:
         with self._lock:
             ahead = self._ahead.pop(url, None) or self._first(url, size)
         _, first, since, future = (
-            ahead if ahead is not None and ahead[0] == size else (size, b"", b"", None)
+            ahead if ahead is not None and ahead[0] == size else (size, [], b"", None)
         )
-        if len(first) == size:
-            return first
-        status, chunks = (future or self._rest(url, name, size, first, since)).result()
+        got = _count(first)
+        if got == size:
+            return b"".join(first)
+        status, chunks = (future or self._rest(url, name, size, got, since)).result()
         if 300 <= status < 400:
             return None
         if status >= 400:
@@ -256,7 +259,7 @@ class BlockingClient:
                 f"{name}: changed while it was read (HTTP {status}, not the rest)",
                 permanent=False,
             )
-        return first + b"".join(chunks)
+        return b"".join([*first, *chunks])
 
     def fetch(self, url: str, name: str, size: int) -> None:
         """Start reading a small file now (what its size's request did not bring), for
@@ -264,9 +267,10 @@ class BlockingClient:
         to ``read``, which refuses it."""
         with self._lock:
             kept = self._first(url, size)
-        _, first, since, _ = kept if kept is not None else (size, b"", b"", None)
+        _, first, since, _ = kept if kept is not None else (size, [], b"", None)
+        got = _count(first)
         try:
-            future = None if len(first) == size else self._rest(url, name, size, first, since)
+            future = None if got == size else self._rest(url, name, size, got, since)
         except TransferError:
             return
         with self._lock:
@@ -279,7 +283,7 @@ class BlockingClient:
         where a HEAD tells nothing."""
         return next(self.sizes([(url, name)]))
 
-    def sizes(self, asked: list[tuple[str, str]]) -> Iterator[int | None]:
+    def sizes(self, asked: Iterable[tuple[str, str]]) -> Iterator[int | None]:
         """``size`` of each (url, name), in order, each answered as it comes; the first
         error raised. ``AHEAD`` are asked ahead of the one answered: a file's GET that
         ``fetch`` started as its size came waits behind that many, not all. The first bytes
@@ -293,12 +297,13 @@ class BlockingClient:
             status, body = request.future.result()
             size, first, since = _probed(status, body, request.head or [])
             asking.extend(self._probe(u, n) for u, n in islice(left, 1))
-            if size is not None and first is not None and (len(first) == size or since):
+            got = _count(first) if first is not None else 0
+            if size is not None and first is not None and (got == size or since):
                 with self._lock:
                     self._kept[request.url] = (size, first, since)
                     while len(self._kept) > KEPT:
                         self._kept.popitem(last=False)
-                    if len(first) < size and status == 206:
+                    if got < size and status == 206:
                         self._versions[request.url] = (size, since)  # for its ranges
                         while len(self._versions) > VERSIONS:
                             self._versions.popitem(last=False)
@@ -327,12 +332,12 @@ class BlockingClient:
         return self._submit(_Request(url, name, PROBE, start=0, head=[]))
 
     def _rest(
-        self, url: str, name: str, size: int, first: bytes, since: bytes
+        self, url: str, name: str, size: int, got: int, since: bytes
     ) -> Future[tuple[int, list[bytes]]]:
-        """The GET of what ``first`` lacks of a file of ``size`` bytes: all of it, or the
-        range after it, if the file is still the one ``since`` (its validator) names."""
-        start = len(first) or None
-        request = _Request(url, name, size - len(first), start=start, since=since)
+        """The GET of what a file of ``size`` bytes lacks after the first ``got``: all of
+        it, or the range after them, if the file is still the one ``since`` (their
+        validator) names."""
+        request = _Request(url, name, size - got, start=got or None, since=since)
         return self._submit(request).future
 
     def _submit(self, request: _Request) -> _Request:
@@ -533,9 +538,10 @@ class _Range:
 
 def _probed(
     status: int, body: list[bytes], lines: list[bytes]
-) -> tuple[int | None, bytes | None, bytes]:
+) -> tuple[int | None, list[bytes] | None, bytes]:
     """What the reply to a size's request (``PROBE`` bytes from 0) says: the file's size,
-    said plainly, its first bytes (all of them, for a file of up to ``PROBE``), or None,
+    said plainly, its first bytes (``body``: all of them, for a file of up to ``PROBE``),
+    or None,
     and the validator that names this version of it (``_validator``; b"" if none). A 206
     names the size in ``Content-Range: bytes 0-E/SIZE``, its body bytes 0 to E; a 200 (a
     server that ignores ``Range``) in its ``Content-Length``, its body the file if it came
@@ -548,15 +554,20 @@ def _probed(
         len(given) == 1 and _DIGITS.fullmatch(given[0]) and coding in ([], [b"identity"], [b""])
     ):
         return None, None, b""
-    length, data, since = int(given[0]), b"".join(body), _validator(fields)
+    length, came, since = int(given[0]), _count(body), _validator(fields)
     if status == 200:
-        return length, data if len(data) == length else None, since
+        return length, body if came == length else None, since
     ranges = fields.get(b"content-range", [])
     said = _RANGE.fullmatch(ranges[0]) if status == 206 and len(ranges) == 1 else None
-    if said is None or len(data) != length or int(said[1]) + 1 != length:
+    if said is None or came != length or int(said[1]) + 1 != length:
         return None, None, b""
     size = int(said[2])
-    return (size, data, since) if length <= size else (None, None, b"")
+    return (size, body, since) if length <= size else (None, None, b"")
+
+
+def _count(pieces: list[bytes]) -> int:
+    """The bytes in ``pieces``."""
+    return sum(map(len, pieces))
 
 
 def _fields(lines: list[bytes]) -> dict[bytes, list[bytes]]:
