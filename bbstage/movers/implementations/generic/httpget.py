@@ -349,7 +349,8 @@ class BlockingClient:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="curl", daemon=True)
                 self._thread.start()
-            self._more.notify()
+            if len(self._waiting) == 1:  # the thread waits only with none waiting
+                self._more.notify()
         return request
 
     def _run(self) -> None:
