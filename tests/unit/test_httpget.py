@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,35 @@ def test_a_host_refused_is_never_asked_ahead_and_its_read_is_refused() -> None:
         client.read_range("https://192.0.2.1/x", "x", 0, 10, lambda at, data: None)
     assert asked == ["https://192.0.2.1/x"] * 3
     client.close()
+
+
+def test_the_systems_cas_are_read_from_a_hashed_directory_where_there_is_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Debian's layout (OpenSSL's directory hashed): the directory alone. Red Hat's (its
+    OpenSSL directory holds the bundle, no hashed names; update-ca-trust's directory-hash
+    does): that directory alone. Neither: the file, and the directory only if it is one."""
+    import ssl
+
+    bundle = tmp_path / "ca-bundle.crt"
+    bundle.write_text("")
+    plain, hashed, missing = tmp_path / "certs", tmp_path / "directory-hash", tmp_path / "no"
+    plain.mkdir()
+    (plain / "ca-bundle.crt").write_text("")
+    hashed.mkdir()
+    (hashed / "9d66eef0.0").write_text("")
+
+    def layout(capath: Path, red_hat: Path) -> tuple[str | None, str | None]:
+        paths = ssl.DefaultVerifyPaths(str(bundle), str(capath), "", "", "", "")
+        monkeypatch.setattr(ssl, "get_default_verify_paths", lambda: paths)
+        monkeypatch.setattr(httpget, "RED_HAT_HASHED", str(red_hat))
+        httpget.system_cas.cache_clear()
+        try:
+            return httpget.system_cas()
+        finally:
+            httpget.system_cas.cache_clear()
+
+    assert layout(hashed, missing) == (None, str(hashed))  # Debian, SUSE
+    assert layout(plain, hashed) == (None, str(hashed))  # Red Hat 9
+    assert layout(plain, missing) == (str(bundle), str(plain))  # the file is read
+    assert layout(missing, missing) == (str(bundle), None)

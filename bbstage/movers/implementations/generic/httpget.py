@@ -63,16 +63,29 @@ def tls_context(bundle: str | None) -> ssl.SSLContext:
 @functools.cache
 def system_cas() -> tuple[str | None, str | None]:
     """The system's CAs, where OpenSSL's default paths name them: (a file, a directory).
-    The file is left out where the directory holds the same CAs under OpenSSL's hashed
-    names (Debian's /etc/ssl/certs, SUSE's), each read there when a chain needs it; Red
-    Hat's directory has none, so its file is read. Read whole, Debian's file (146 CAs) cost
-    40 ms of CPU for each TLS context in Python and 6-13 ms for each libcurl handle."""
+    The file is left out where a directory holds the same CAs under OpenSSL's hashed
+    names, each read there when a chain needs it: OpenSSL's own (Debian's /etc/ssl/certs,
+    SUSE's), else Red Hat's (``update-ca-trust`` writes its ``directory-hash`` beside the
+    file it extracts, from the same anchors; OpenSSL's directory there has no hashed
+    names). Elsewhere the file is read whole: Debian's (146 CAs) cost 40 ms of CPU for
+    each TLS context in Python and 6-13 ms for each libcurl handle."""
     paths = ssl.get_default_verify_paths()
-    capath = paths.capath
-    hashed = capath is not None and any(_HASHED.fullmatch(e) for e in os.listdir(capath))
-    return (None if hashed else paths.cafile), capath
+    for capath in (paths.capath, RED_HAT_HASHED):
+        if capath and _hashed(capath):
+            return None, capath
+    return paths.cafile, paths.capath if paths.capath and os.path.isdir(paths.capath) else None
 
 
+def _hashed(directory: str) -> bool:
+    """Does ``directory`` hold CAs under OpenSSL's hashed names?"""
+    try:
+        return any(_HASHED.fullmatch(e) for e in os.listdir(directory))
+    except OSError:
+        return False
+
+
+# update-ca-trust's hashed directory of the TLS anchors (Red Hat 9 and its rebuilds)
+RED_HAT_HASHED = "/etc/pki/ca-trust/extracted/pem/directory-hash"
 _HASHED = re.compile(r"[0-9a-f]{8}\.[0-9]+")  # OpenSSL's name of a CA in a CA directory
 
 
