@@ -88,62 +88,54 @@ def _resumed(spec: TransferSpec) -> None:
     assert isinstance(conn.events[-1], Done), conn.events[-1]
 
 
-def _store(kind: str, env: dict[str, str]) -> Iterator[Store]:
-    return open_store(kind, env, _options(kind, env))
+@pytest.fixture
+def store(kind: str, stores_env: dict[str, str], home: Path) -> Iterator[Store]:
+    """The test's ``kind`` of store, on its local server, under a fresh prefix."""
+    yield from open_store(kind, stores_env, _options(kind, stores_env))
 
 
 @pytest.mark.parametrize("kind", ["https", "sftp", "az"])
 def test_a_download_whose_worker_is_killed_is_resumed_whole(
-    kind: str, stores_env: dict[str, str], tmp_path: Path, home: Path
+    kind: str, store: Store, tmp_path: Path
 ) -> None:
-    gen = _store(kind, stores_env)
-    store = next(gen)
-    try:
-        files = _tree()
-        for name, body in files.items():
-            store.put(name, body)
-        dst = tmp_path / "dst"
-        spec = TransferSpec.between(store.url(""), f"{dst}/", job_id="killed",
-                                    source_options=store.options)  # fmt: skip
+    files = _tree()
+    for name, body in files.items():
+        store.put(name, body)
+    dst = tmp_path / "dst"
+    spec = TransferSpec.between(store.url(""), f"{dst}/", job_id="killed",
+                                source_options=store.options)  # fmt: skip
 
-        def temps() -> list[str]:
-            return [p.name for p in dst.rglob(".*.part")] if dst.exists() else []
+    def temps() -> list[str]:
+        return [p.name for p in dst.rglob(".*.part")] if dst.exists() else []
 
-        _killed_mid_copy(spec, tmp_path, temps)
-        assert temps(), "the kill left no temporary file"
-        _resumed(spec)
-        got = {str(p.relative_to(dst)): p.read_bytes() for p in dst.rglob("*") if p.is_file()}
-        assert _digests(got) == _digests(files)  # no temporary file among them either
-    finally:
-        next(gen, None)
+    _killed_mid_copy(spec, tmp_path, temps)
+    assert temps(), "the kill left no temporary file"
+    _resumed(spec)
+    got = {str(p.relative_to(dst)): p.read_bytes() for p in dst.rglob("*") if p.is_file()}
+    assert _digests(got) == _digests(files)  # no temporary file among them either
 
 
 @pytest.mark.parametrize("kind", ["sftp", "az"])
 def test_an_upload_whose_worker_is_killed_is_resumed_whole_and_leaves_no_temporary_file(
-    kind: str, stores_env: dict[str, str], tmp_path: Path, home: Path
+    kind: str, store: Store, tmp_path: Path
 ) -> None:
-    gen = _store(kind, stores_env)
-    store = next(gen)
-    try:
-        files = _tree()
-        src = tmp_path / "src"
-        for name, body in files.items():
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            (src / name).write_bytes(body)
-        spec = TransferSpec.between(f"{src}/", store.url("up/"), job_id="killed",
-                                    destination_options=store.options)  # fmt: skip
+    files = _tree()
+    src = tmp_path / "src"
+    for name, body in files.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(body)
+    spec = TransferSpec.between(f"{src}/", store.url("up/"), job_id="killed",
+                                destination_options=store.options)  # fmt: skip
 
-        def temps() -> list[str]:  # SFTP's temporary names; Azure commits a blob whole
-            names = store.names()
-            if kind == "az":  # caught once some blobs landed, not all
-                return names if 0 < len(names) < len(files) else []
-            return [n for n in names if n.endswith(".part")]
+    def temps() -> list[str]:  # SFTP's temporary names; Azure commits a blob whole
+        names = store.names()
+        if kind == "az":  # caught once some blobs landed, not all
+            return names if 0 < len(names) < len(files) else []
+        return [n for n in names if n.endswith(".part")]
 
-        _killed_mid_copy(spec, tmp_path, temps)
-        assert temps(), "the kill left no temporary file"
-        _resumed(spec)
-        assert sorted(store.names()) == sorted(f"up/{name}" for name in files)
-        got = {name: store.get(f"up/{name}") or b"" for name in files}
-        assert _digests(got) == _digests(files)
-    finally:
-        next(gen, None)
+    _killed_mid_copy(spec, tmp_path, temps)
+    assert temps(), "the kill left no temporary file"
+    _resumed(spec)
+    assert sorted(store.names()) == sorted(f"up/{name}" for name in files)
+    got = {name: store.get(f"up/{name}") or b"" for name in files}
+    assert _digests(got) == _digests(files)
