@@ -220,24 +220,32 @@ class BlockingClient:
         if 300 <= status < 400:
             return None
         if planned is not None and status in (200, 206):
-            self._same_file(url, name, planned, status, _fields(reply.lines))
+            self._same_file(url, name, planned, since, status, _fields(reply.lines))
         judge(status, _reason(status), name, ranged=True)
         return reply.at - start
 
     def _same_file(
-        self, url: str, name: str, planned: int, status: int, fields: dict[bytes, list[bytes]]
+        self,
+        url: str,
+        name: str,
+        planned: int,
+        since: bytes,
+        status: int,
+        fields: dict[bytes, list[bytes]],
     ) -> None:
-        """Refuse a reply to a range of ``url`` (of ``planned`` bytes when its size was
-        asked) that shows the file changed since: sent whole (``If-Range``: another
-        version; the next try asks the version this reply names), or a range of a file of
-        another size."""
-        if status == 200:
+        """Refuse a reply to a range of ``url`` (of ``planned`` bytes, version ``since``,
+        when its size was asked) that shows the file changed since: sent whole
+        (``If-Range``: another version; the next try asks the version this reply names),
+        or a range of a file of another size. (A 200 without ``If-Range`` is ``judge``'s.)"""
+        if status == 200 and since:
             with self._lock:
                 self._versions[url] = (planned, _validator(fields))
             raise TransferError(
                 f"{name}: changed while it was read (HTTP {status}, not the range)",
                 permanent=False,
             )
+        if status != 206:
+            return
         ranges = fields.get(b"content-range", [])
         said = _ANY_RANGE.fullmatch(ranges[0]) if len(ranges) == 1 else None
         if said is None or int(said[1]) != planned:
