@@ -139,3 +139,21 @@ def test_an_upload_whose_worker_is_killed_is_resumed_whole_and_leaves_no_tempora
     assert sorted(store.names()) == sorted(f"up/{name}" for name in files)
     got = {name: store.get(f"up/{name}") or b"" for name in files}
     assert _digests(got) == _digests(files)
+
+
+@pytest.mark.parametrize("kind", ["sftp"])
+def test_a_resumed_upload_into_directories_not_made_yet_sweeps_nothing_and_lands(
+    kind: str, store: Store, tmp_path: Path
+) -> None:
+    """An attempt killed before it made the destination's directories: the next one's sweep
+    finds no directory to look in, which is no error, and every file lands."""
+    files = {"a/b/one": os.urandom(1000), "c/two": os.urandom(SMALL)}
+    src = tmp_path / "src"
+    for name, body in files.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(body)
+    spec = TransferSpec.between(f"{src}/", store.url("up/"), job_id="killed",
+                                destination_options=store.options)  # fmt: skip
+    _resumed(spec)
+    got = {name: store.get(f"up/{name}") or b"" for name in files}
+    assert _digests(got) == _digests(files)

@@ -203,10 +203,12 @@ class GenericMover(Mover):
         if self.dst.local or self.dst.backend.atomic_put:
             return 0
         fs, path = self.dst.fs(parent), self.dst.path(parent)
-        try:
-            names = self._call(lambda: fs.ls(path, detail=False), parent)
+        try:  # not through _call: it would make a missing directory a permanent failure
+            names = fs.ls(path, detail=False)
         except FileNotFoundError:
             return 0
+        except Exception as exc:
+            raise translate(exc, parent) from None
         found = [name for name in names if stale(os.path.basename(name.rstrip("/")))]
         for name in found:
             self._call(lambda name=name: fs.rm_file(name), parent)
