@@ -641,13 +641,13 @@ def _url(fs: Any, path: str) -> str:
     """``path`` as fsspec's HTTP filesystem encodes it (yarl), for libcurl: the last
     ``URLS`` kept, as a file's URL is asked for its size, its read ahead and its read (25
     us each, on the one thread that walks the tree: a tenth of 1,000 small files' time)."""
-    urls = fs.urls
+    urls: collections.OrderedDict[str, str] = fs.urls
     url = urls.get(path)
     if url is None:
         url = urls[path] = str(fs.encode_url(path))
         if len(urls) > URLS:
             urls.popitem(last=False)
-    return str(url)
+    return url
 
 
 URLS = 4096  # files whose encoded URL an HTTPS filesystem keeps (_url)

@@ -563,8 +563,8 @@ def _probed(
 ) -> tuple[int | None, list[bytes] | None, bytes]:
     """What the reply to a size's request (``PROBE`` bytes from 0) says: the file's size,
     said plainly, its first bytes (``body``: all of them, for a file of up to ``PROBE``),
-    or None,
-    and the validator that names this version of it (``_validator``; b"" if none). A 206
+    or None, and the validator that names this version of it (``_validator``; b"" if
+    none). A 206
     names the size in ``Content-Range: bytes 0-E/SIZE``, its body bytes 0 to E; a 200 (a
     server that ignores ``Range``) in its ``Content-Length``, its body the file if it came
     whole. Plainly: one ``Content-Length`` of at most 18 ASCII digits, of a body sent as
