@@ -88,6 +88,15 @@ def _resumed(spec: TransferSpec) -> None:
     assert isinstance(conn.events[-1], Done), conn.events[-1]
 
 
+def _upload(files: dict[str, bytes], src: Path, store: Store) -> TransferSpec:
+    """``files`` written under ``src``, and the spec of their upload to ``store``'s up/."""
+    for name, body in files.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(body)
+    return TransferSpec.between(f"{src}/", store.url("up/"), job_id="killed",
+                                destination_options=store.options)  # fmt: skip
+
+
 @pytest.fixture
 def store(kind: str, stores_env: dict[str, str], home: Path) -> Iterator[Store]:
     """The test's ``kind`` of store, on its local server, under a fresh prefix."""
@@ -120,12 +129,7 @@ def test_an_upload_whose_worker_is_killed_is_resumed_whole_and_leaves_no_tempora
     kind: str, store: Store, tmp_path: Path
 ) -> None:
     files = _tree()
-    src = tmp_path / "src"
-    for name, body in files.items():
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        (src / name).write_bytes(body)
-    spec = TransferSpec.between(f"{src}/", store.url("up/"), job_id="killed",
-                                destination_options=store.options)  # fmt: skip
+    spec = _upload(files, tmp_path / "src", store)
 
     def temps() -> list[str]:  # SFTP's temporary names; Azure commits a blob whole
         names = store.names()
@@ -148,12 +152,7 @@ def test_a_resumed_upload_into_directories_not_made_yet_sweeps_nothing_and_lands
     """An attempt killed before it made the destination's directories: the next one's sweep
     finds no directory to look in, which is no error, and every file lands."""
     files = {"a/b/one": os.urandom(1000), "c/two": os.urandom(SMALL)}
-    src = tmp_path / "src"
-    for name, body in files.items():
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        (src / name).write_bytes(body)
-    spec = TransferSpec.between(f"{src}/", store.url("up/"), job_id="killed",
-                                destination_options=store.options)  # fmt: skip
+    spec = _upload(files, tmp_path / "src", store)
     _resumed(spec)
     got = {name: store.get(f"up/{name}") or b"" for name in files}
     assert _digests(got) == _digests(files)
