@@ -39,13 +39,14 @@ import functools
 import os
 import re
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bbstage.movers.backends import Backend, Into, UrlRule, at_once
 from bbstage.movers.base import BackendOptions, TransferError
 from bbstage.movers.implementations.generic.httpget import (
+    VERSIONS,
     BlockingClient,
     judge,
     tls_context,
@@ -175,17 +176,24 @@ class StoreBackend(Backend):
 
 async def _get(
     session: Any, url: str, name: str, into: Into, start: int, end: int | None, most: int,
-    **kwargs: Any,
+    version: tuple[int, str] | None = None, **kwargs: Any,
 ) -> int:  # fmt: skip
     """One GET of ``url`` (bytes ``start`` to ``end``; ``end`` None: the whole file), its body
     handed to ``into`` as it arrives; the number of bytes read. Errors name ``name``, never
     ``url`` (Azure's carries a signature). A server that ignores ``Range`` (200) is refused
     rather than read whole; one that sends more than ``most`` bytes (the range's, or the
-    whole file's planned size), before a byte past them is handed on (``too_much``)."""
+    whole file's planned size), before a byte past them is handed on (``too_much``). With
+    ``version`` (planned size, ETag), the range is asked of that version alone
+    (``If-Match``) and must be of a file of that size: else ``_Changed``, before a byte is
+    handed on."""
     headers = dict(kwargs.pop("headers", {}))
     if end is not None:
         headers["Range"] = f"bytes={start}-{end - 1}"
+    if version is not None:
+        headers["If-Match"] = version[1]
     async with session.get(url, headers=headers, **kwargs) as reply:
+        if version is not None:
+            _same_version(reply.status, reply.headers.get("Content-Range", ""), name, version[0])
         judge(reply.status, reply.reason or "", name, ranged=end is not None)
         at = start
         async for data in reply.content.iter_chunked(RANGE_PIECE):
@@ -194,6 +202,25 @@ async def _get(
             into(at, data)
             at += len(data)
         return at - start
+
+
+class _Changed(TransferError):
+    """A file changed while it was read (``_get``'s ``version``): transient, caught where
+    the new version is learnt for the next try (``AzureBackend.read_range``)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"{name}: changed while it was read ({why})", permanent=False)
+
+
+def _same_version(status: int, content_range: str, name: str, planned: int) -> None:
+    """Refuse a reply to a range asked of one version (``If-Match``) that shows the file
+    changed: 412 (another version), or a range of a file of another size than ``planned``."""
+    if status == 412:
+        raise _Changed(name, "HTTP 412: not the version listed")
+    if status == 206:
+        total = content_range.rpartition("/")[2] or "an unknown number of"
+        if total != str(planned):
+            raise _Changed(name, f"it has {total} bytes, planned {planned}")
 
 
 def _ssl_client(bundle: str | None, allowed: dict[str, Any]) -> Any:
@@ -338,17 +365,43 @@ class AzureBackend(StoreBackend):
         # is no TLS to decrypt in parallel)
         fs.blocking = None if proxied else BlockingClient()
         fs.container_urls = {}  # the SDK's URL of each container (_signed)
+        # the blobs listed, the last VERSIONS: path -> (size, ETag); each range of one is
+        # asked of that version alone (read_range)
+        fs.versions = collections.OrderedDict()
         return fs
+
+    @classmethod
+    def info(cls, fs: Any, path: str) -> dict[str, Any]:
+        """adlfs's ``info``, its blob's version kept for ``read_range``."""
+        found = super().info(fs, path)
+        _remember(fs, [found])
+        return found
 
     @classmethod
     def read_range(cls, fs: Any, path: str, start: int, end: int, into: Into) -> int:
         """One ranged GET, signed for this blob alone (``_signed``), its body handed on as it
         arrives: the Azure SDK reads each body whole, through a Python pipeline of policies,
-        twice the CPU of a plain GET on the CPUs Azurite needs too."""
+        twice the CPU of a plain GET on the CPUs Azurite needs too.
+
+        A blob listed here (``find``, ``info``) is read only in the version it had then
+        (``If-Match`` its ETag) and at that size (``Content-Range``): changed since, a range
+        is refused, transiently, never staged of two versions nor at a size it no longer
+        has; the next try asks the version it has now (a blob replaced, its size kept, is
+        read again whole; one of another size is refused for it)."""
         signed = _signed(fs, *fs.split_path(path)[:2])
         if signed is None:
             return super().read_range(fs, path, start, end, into)
-        return _plain_get(fs, signed, path, into, start, end, end - start)
+        version = fs.versions.get(path)
+        try:
+            return _plain_get(fs, signed, path, into, start, end, end - start, version)
+        except _Changed:
+            assert version is not None
+            try:  # the version it has now, for the next try
+                now = fs.info(path, refresh=True)["etag"]
+                fs.versions[path] = (version[0], now)
+            except Exception:  # gone, or unreadable: the next try says which
+                fs.versions.pop(path, None)
+            raise
 
     @classmethod
     def read(cls, fs: Any, path: str, size: int) -> bytes:
@@ -374,7 +427,9 @@ class AzureBackend(StoreBackend):
         container, prefix, _ = fs.split_path(root)
         url = _signed(fs, container, None)
         if url is None:
-            return super().find(fs, root)
+            found = super().find(fs, root)
+            _remember(fs, found.values())
+            return found
         prefix = prefix.rstrip("/") + "/" if prefix else ""
         found: dict[str, dict[str, Any]] = {}
         marker = ""
@@ -387,6 +442,7 @@ class AzureBackend(StoreBackend):
             page = _plain_body(fs, f"{url}&{text}", root, LIST_PAGE_BYTES)
             marker = _listed(page, f"{container}/{prefix}", found)
             if not marker:
+                _remember(fs, found.values())
                 return found
 
 
@@ -429,6 +485,17 @@ def _signed(fs: Any, container: str, blob: str | None) -> str | None:
     return f"{base}?{own}" if own else None
 
 
+def _remember(fs: Any, infos: Iterable[dict[str, Any]]) -> None:
+    """Keep the version (size, ETag) of each file of ``infos`` (adlfs's, or ``_listed``'s)
+    for its ranges (``AzureBackend.read_range``), the last ``VERSIONS`` listed."""
+    for info in infos:
+        if info.get("type") == "file" and info.get("etag"):
+            fs.versions[info["name"]] = (info["size"], info["etag"])
+            fs.versions.move_to_end(info["name"])
+    while len(fs.versions) > VERSIONS:
+        fs.versions.popitem(last=False)
+
+
 def _listed(page: bytes, top: str, found: dict[str, dict[str, Any]]) -> str:
     """Add the blobs of one page of Azure's List Blobs answer (of ``top``: container/prefix)
     to ``found`` as adlfs's ``find`` names them (``container/name``), with every directory
@@ -460,6 +527,9 @@ def _listed(page: bytes, top: str, found: dict[str, dict[str, Any]]) -> str:
             "size": int(blob.findtext("Properties/Content-Length") or 0),
             "last_modified": parsedate_to_datetime(modified) if modified else None,
         }
+        etag = (blob.findtext("Properties/Etag") or "").strip('"')
+        if etag:  # quoted, as adlfs gives it
+            found[path]["etag"] = f'"{etag}"'
         parent = path
         while (parent := parent.rpartition("/")[0]).startswith(top) and parent not in found:
             found[parent] = {"name": parent, "type": "directory", "size": 0}
@@ -473,13 +543,14 @@ def _plain_body(fs: Any, url: str, name: str, most: int) -> bytes:
 
 
 def _plain_get(
-    fs: Any, url: str, name: str, into: Into, start: int, end: int | None, most: int
-) -> int:
+    fs: Any, url: str, name: str, into: Into, start: int, end: int | None, most: int,
+    version: tuple[int, str] | None = None,
+) -> int:  # fmt: skip
     """``_session_get`` through the plain session kept beside ``fs``
     (``AzureBackend.filesystem``), every client error named by ``name`` alone
     (``_named_only``)."""
     with _named_only(name):
-        return _session_get(fs.plain_http, url, name, into, start, end, most)
+        return _session_get(fs.plain_http, url, name, into, start, end, most, version)
 
 
 @contextlib.contextmanager
@@ -502,15 +573,16 @@ def _session_body(http: Any, url: str, name: str, most: int) -> bytes:
 
 
 def _session_get(
-    http: Any, url: str, name: str, into: Into, start: int, end: int | None, most: int
-) -> int:
+    http: Any, url: str, name: str, into: Into, start: int, end: int | None, most: int,
+    version: tuple[int, str] | None = None,
+) -> int:  # fmt: skip
     """``_get`` through the aiohttp session of fsspec's HTTP filesystem ``http``, from any
     thread but its event loop's (it follows a redirect; HTTPS's checks each host)."""
     from fsspec.asyn import sync
 
     async def get() -> int:
         session = await http.set_session()
-        return await _get(session, url, name, into, start, end, most, **http.kwargs)
+        return await _get(session, url, name, into, start, end, most, version, **http.kwargs)
 
     return int(sync(http.loop, get))
 
