@@ -1079,26 +1079,36 @@ def _tls_server(env: dict[str, str], root: Path, **methods: Any) -> Iterator[int
         server.server_close()
 
 
-def test_each_range_of_a_big_azure_blob_is_read_only_from_the_version_it_was_listed_in(
-    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("kind", ["az", "sftp"])
+def test_each_range_of_a_big_file_is_read_only_from_the_version_it_was_listed_in(
+    kind: str, stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A blob listed (``find``, as a tree is; ``info``, as one file is) is read in ranges,
-    each asked of the version listed (``If-Match`` its ETag) and checked for its size: a
-    blob replaced after it was listed is refused, transiently, never staged of two
-    versions. The next try (the plan kept: nothing listed again) asks the version it has
-    now: a blob replaced, its size kept, is read whole and new; one that grew is refused
-    for its size, never staged cut at the size planned."""
+    """A file listed (``find``, as a tree is; ``info``, as one file is) is read in ranges,
+    each checked against the version listed (Azure: ``If-Match`` its ETag; SFTP: the open
+    file's size and modification time after the range) and its size: a file replaced after
+    it was listed is refused, transiently, never staged of two versions. The next try (the
+    plan kept: nothing listed again) reads the version it has now: a file replaced, its
+    size kept, is read whole and new; one that grew is refused for its size, never staged
+    cut at the size planned."""
     from bbstage import movers
 
     user_home(tmp_path, monkeypatch)
-    gen = open_store("az", stores_env, StoreOptions({}))
+    gen = open_store(kind, stores_env, StoreOptions({}))
     store = next(gen)
-    az = movers.backend("az")
+    backend = movers.backend(kind)
     size = 3 << 16
     got = bytearray(size)
 
     def into(at: int, data: bytes) -> None:
         got[at : at + len(data)] = data
+
+    def replace(path: str, data: bytes) -> None:
+        if kind == "az":  # a new ETag
+            store.put(f"t/{name}", data)
+        else:  # the server's file, on this machine; a later modification time
+            Path(path).write_bytes(data)
+            later = time.time() + 10
+            os.utime(path, (later, later))
 
     try:
         for how, name, new in (
@@ -1106,25 +1116,25 @@ def test_each_range_of_a_big_azure_blob_is_read_only_from_the_version_it_was_lis
             ("info", "grown", os.urandom(size + 1)),
         ):
             store.put(f"t/{name}", os.urandom(size))
-            fs = az.filesystem(store.options, store.url(""))
-            path = az.strip(store.url(f"t/{name}"))
+            fs = backend.filesystem(store.options, store.url(""))
+            path = backend.strip(store.url(f"t/{name}"))
             if how == "find":
-                found = az.find(fs, az.strip(store.url("t")).rstrip("/"))
+                found = backend.find(fs, backend.strip(store.url("t")).rstrip("/"))
                 assert found[path]["size"] == size
             else:
-                assert az.info(fs, path)["size"] == size
-            assert az.read_range(fs, path, 0, size // 2, into) == size // 2
-            store.put(f"t/{name}", new)
+                assert backend.info(fs, path)["size"] == size
+            assert backend.read_range(fs, path, 0, size // 2, into) == size // 2
+            replace(path, new)
             with pytest.raises(TransferError, match="changed while it was read") as e:
-                az.read_range(fs, path, size // 2, size, into)
+                backend.read_range(fs, path, size // 2, size, into)
             assert not e.value.permanent
             if len(new) == size:  # the next try
-                assert az.read_range(fs, path, 0, size, into) == size
+                assert backend.read_range(fs, path, 0, size, into) == size
                 assert bytes(got) == new
             else:
                 with pytest.raises(TransferError, match=f"has {size + 1} bytes, planned {size}"):
-                    az.read_range(fs, path, 0, size, into)
-            az.close(fs)
+                    backend.read_range(fs, path, 0, size, into)
+            backend.close(fs)
     finally:
         next(gen, None)
 

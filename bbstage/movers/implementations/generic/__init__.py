@@ -160,9 +160,30 @@ class StoreBackend(Backend):
 
         settings = options.settings if isinstance(options, StoreOptions) else {}
         cls.check_host(settings, url)
-        return fsspec.filesystem(
-            cls.protocol, skip_instance_cache=True, **cls.kwargs(settings, url)
-        )
+        fs = fsspec.filesystem(cls.protocol, skip_instance_cache=True, **cls.kwargs(settings, url))
+        # the files listed, the last VERSIONS: path -> (size, version_of); each range of
+        # one is checked against that version (read_range)
+        fs.versions = collections.OrderedDict()
+        return fs
+
+    @classmethod
+    def version_of(cls, info: dict[str, Any]) -> Any:
+        """The version of a file that a listing's ``info`` names (None: none), kept by
+        ``find`` and ``info`` for ``read_range`` to read each range of a big file only from
+        that version. None by default: ranges unchecked."""
+        return None
+
+    @classmethod
+    def find(cls, fs: Any, root: str) -> dict[str, dict[str, Any]]:
+        found = super().find(fs, root)
+        _remember(fs, found.values(), cls.version_of)
+        return found
+
+    @classmethod
+    def info(cls, fs: Any, path: str) -> dict[str, Any]:
+        found = super().info(fs, path)
+        _remember(fs, [found], cls.version_of)
+        return found
 
     @classmethod
     def strip(cls, url: str) -> str:
@@ -365,17 +386,12 @@ class AzureBackend(StoreBackend):
         # is no TLS to decrypt in parallel)
         fs.blocking = None if proxied else BlockingClient()
         fs.container_urls = {}  # the SDK's URL of each container (_signed)
-        # the blobs listed, the last VERSIONS: path -> (size, ETag); each range of one is
-        # asked of that version alone (read_range)
-        fs.versions = collections.OrderedDict()
         return fs
 
     @classmethod
-    def info(cls, fs: Any, path: str) -> dict[str, Any]:
-        """adlfs's ``info``, its blob's version kept for ``read_range``."""
-        found = super().info(fs, path)
-        _remember(fs, [found])
-        return found
+    def version_of(cls, info: dict[str, Any]) -> Any:
+        """A blob's ETag (adlfs's, or ``_listed``'s), quoted: ``If-Match`` of its ranges."""
+        return info.get("etag")
 
     @classmethod
     def read_range(cls, fs: Any, path: str, start: int, end: int, into: Into) -> int:
@@ -427,9 +443,7 @@ class AzureBackend(StoreBackend):
         container, prefix, _ = fs.split_path(root)
         url = _signed(fs, container, None)
         if url is None:
-            found = super().find(fs, root)
-            _remember(fs, found.values())
-            return found
+            return super().find(fs, root)
         prefix = prefix.rstrip("/") + "/" if prefix else ""
         found: dict[str, dict[str, Any]] = {}
         marker = ""
@@ -442,7 +456,7 @@ class AzureBackend(StoreBackend):
             page = _plain_body(fs, f"{url}&{text}", root, LIST_PAGE_BYTES)
             marker = _listed(page, f"{container}/{prefix}", found)
             if not marker:
-                _remember(fs, found.values())
+                _remember(fs, found.values(), cls.version_of)
                 return found
 
 
@@ -485,15 +499,18 @@ def _signed(fs: Any, container: str, blob: str | None) -> str | None:
     return f"{base}?{own}" if own else None
 
 
-def _remember(fs: Any, infos: Iterable[dict[str, Any]]) -> None:
-    """Keep the version (size, ETag) of each file of ``infos`` (adlfs's, or ``_listed``'s)
-    for its ranges (``AzureBackend.read_range``), the last ``VERSIONS`` listed."""
+def _remember(
+    fs: Any, infos: Iterable[dict[str, Any]], version_of: Callable[[dict[str, Any]], Any]
+) -> None:
+    """Keep the size and version (``version_of``) of each file of ``infos`` that names one,
+    for its ranges (``read_range``), the last ``VERSIONS`` listed."""
     for info in infos:
-        if info.get("type") == "file" and info.get("etag"):
-            fs.versions[info["name"]] = (info["size"], info["etag"])
+        version = version_of(info) if info.get("type") == "file" else None
+        if version is not None:  # (a store that names none keeps none: GCS's has no dict)
+            fs.versions[info["name"]] = (info["size"], version)
             fs.versions.move_to_end(info["name"])
-    while len(fs.versions) > VERSIONS:
-        fs.versions.popitem(last=False)
+            if len(fs.versions) > VERSIONS:
+                fs.versions.popitem(last=False)
 
 
 def _listed(page: bytes, top: str, found: dict[str, dict[str, Any]]) -> str:
@@ -776,20 +793,41 @@ class SFTPBackend(StoreBackend):
         at its offset as it arrives (sshfs's ``cat_file`` reads whole files; a seeked
         handle's ``read`` joins the blocks into one string first: 1 GiB 240 MB/s with 4.5 s
         of CPU, against rclone's 280-300). The channel comes from sshfs's pool, the errors
-        through sshfs's own translation (``wrap_exceptions``)."""
+        through sshfs's own translation (``wrap_exceptions``).
+
+        A file listed here (``find``, ``info``) must be, after its range is read, as it was
+        listed: the same size and modification time (``stat`` of the open file; SFTP
+        names whole seconds), else refused, transiently, never staged of two versions nor
+        at a size it no longer has; the next try reads the version it has now (a file
+        rewritten, its size kept, is read again whole; one of another size is refused for
+        it). A file rewritten in place within the second it was listed in, its size kept,
+        is not seen changed."""
         from fsspec.asyn import sync
         from sshfs.utils import wrap_exceptions
 
         @wrap_exceptions
-        async def read() -> int:
+        async def read() -> tuple[int, Any]:
             got = 0
             async with fs._pool.get() as channel, channel.open(path, "rb") as f:
                 async for offset, data in await f.read_parallel(end - start, start):
                     into(offset, data)
                     got += len(data)
-            return got
+                return got, await f.stat()
 
-        return int(sync(fs.loop, read))
+        version = fs.versions.get(path)
+        got, now = sync(fs.loop, read)
+        if version is not None and (now.size, int(now.mtime or 0)) != version:
+            fs.versions[path] = (version[0], int(now.mtime or 0))  # for the next try
+            if now.size != version[0]:
+                raise _Changed(path, f"it has {now.size} bytes, planned {version[0]}")
+            raise _Changed(path, "modified since it was listed")
+        return int(got)
+
+    @classmethod
+    def version_of(cls, info: dict[str, Any]) -> Any:
+        """A file's modification time, in whole seconds as SFTP names it."""
+        mtime = info.get("mtime")
+        return int(mtime.timestamp()) if mtime is not None else None
 
     @classmethod
     def write(cls, fs: Any, path: str, data: bytes) -> None:
