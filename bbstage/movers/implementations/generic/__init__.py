@@ -226,8 +226,9 @@ async def _get(
 
 
 class _Changed(TransferError):
-    """A file changed while it was read (``_get``'s ``version``): transient, caught where
-    the new version is learnt for the next try (``AzureBackend.read_range``)."""
+    """A file changed while it was read (``_get``'s ``version``, ``SFTPBackend.read_range``):
+    transient; its new version is kept for the next try (by ``AzureBackend.read_range``,
+    which catches it for that)."""
 
     def __init__(self, name: str, why: str) -> None:
         super().__init__(f"{name}: changed while it was read ({why})", permanent=False)
