@@ -236,6 +236,57 @@ def test_a_big_download_in_ranges_lands_whole_and_a_cancel_leaves_nothing(
         next(gen, None)
 
 
+@pytest.mark.parametrize("kind", ["https", "az", "sftp"])
+def test_a_big_file_replaced_while_it_is_staged_lands_whole_in_one_version(
+    kind: str, stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source of a big download (1 MiB ranges here, 2 at once) is replaced by a file of
+    the same size after its first ranges are read: what lands is one version whole (the
+    next try reads the new one), never the old file's first ranges with the new one's
+    last; the sha256 of the bytes says which."""
+    import hashlib
+
+    from bbstage import movers
+
+    backend = movers.backend(kind)
+    monkeypatch.setattr(backend, "ranges", (1 << 20, 2))
+    user_home(tmp_path, monkeypatch)
+    ca = {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]} if kind == "https" else {}
+    gen = open_store(kind, stores_env, StoreOptions(ca))
+    store = next(gen)
+    old, new = os.urandom((12 << 20) + 12345), os.urandom((12 << 20) + 12345)
+    calls: list[int] = []
+    read_range = backend.read_range
+
+    def replacing(fs: Any, path: str, start: int, end: int, into: Any) -> int:
+        calls.append(start)
+        if len(calls) == 3:  # two ranges of the old file read
+            if kind == "az":
+                store.put("big", new)
+            else:  # renamed into place whole: no range reads a file half written
+                local = store.local_root / "big" if store.local_root else Path(path)
+                fresh = local.with_name("big.new")
+                fresh.write_bytes(new)
+                later = time.time() + 10
+                os.utime(fresh, (later, later))
+                os.chown(fresh, local.stat().st_uid, local.stat().st_gid)
+                os.replace(fresh, local)
+        return int(read_range(fs, path, start, end, into))
+
+    monkeypatch.setattr(backend, "read_range", replacing)
+    try:
+        store.put("big", old)
+        out = tmp_path / "out"
+        out.mkdir()
+        events = BackendSuite().run(store, store.url("big"), str(out / "big"))
+        assert isinstance(events[-1], Done), events[-1]
+        got = hashlib.sha256((out / "big").read_bytes()).hexdigest()
+        assert got == hashlib.sha256(new).hexdigest()
+        assert len(calls) > 13  # read again, whole
+    finally:
+        next(gen, None)
+
+
 @contextlib.contextmanager
 def _listener(host: str, port: int = 0) -> Iterator[tuple[int, list[object]]]:
     """A TCP listener (its port, and the connections it saw): each connection is closed at
