@@ -287,6 +287,45 @@ def test_a_big_file_replaced_while_it_is_staged_lands_whole_in_one_version(
         next(gen, None)
 
 
+def test_an_https_directory_the_index_names_but_cannot_be_listed_fails_the_tree(
+    stores_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A tree's index names a directory whose own listing then fails (404: gone a moment
+    later, or a server's fault): the tree fails, never staged without that directory's
+    files (fsspec's ``find`` left them out, and the transfer said done); one listing per
+    directory (fsspec's asked the root's twice, and its info)."""
+    from bbstage import movers
+
+    https = movers.backend("https")
+    asked: list[str] = []
+    www = tmp_path / "www"
+    (www / "t" / "d").mkdir(parents=True)
+    (www / "t" / "f").write_bytes(b"f" * 100)
+    (www / "t" / "d" / "g").write_bytes(b"g" * 100)
+
+    def do_GET(self: Any) -> None:  # noqa: N802 - http.server's name
+        asked.append(self.path)
+        if self.path == "/t/d/":
+            self.send_error(404)
+            return
+        http_server.SimpleHTTPRequestHandler.do_GET(self)
+
+    import http.server as http_server
+
+    with _tls_server(stores_env, www, do_GET=do_GET) as port:
+        url = f"https://127.0.0.1:{port}/t/"
+        fs = _allowed(stores_env, port, url)
+        with pytest.raises(FileNotFoundError):
+            https.find(fs, url.rstrip("/"))
+        assert asked.count("/t/") == 1, asked
+        ca = {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [f"127.0.0.1:{port}"]}
+        out = tmp_path / "out"
+        spec = TransferSpec.between(url, f"{out}/", job_id="t", source_options=StoreOptions(ca))
+        events = _run(spec)
+        assert isinstance(events[-1], Failed), events[-1]
+        assert not (out / "f").exists() or (out / "d" / "g").exists()
+
+
 @contextlib.contextmanager
 def _listener(host: str, port: int = 0) -> Iterator[tuple[int, list[object]]]:
     """A TCP listener (its port, and the connections it saw): each connection is closed at

@@ -690,6 +690,37 @@ class HTTPSBackend(StoreBackend):
             yield info(path, size)
 
     @classmethod
+    def find(cls, fs: Any, root: str) -> dict[str, dict[str, Any]]:
+        """Every file and directory below ``root``, one listing (a GET of its index) per
+        directory: fsspec's ``find`` first asks whether ``root`` is a directory (its
+        listing) and its info (a HEAD and a GET), to name ``root`` itself, which the mover
+        does not use, then lists it again (1,000 files: 4 requests and 25 ms, against 1
+        and 6). A directory listed that cannot be listed fails the listing, where
+        fsspec's leaves its files out; ``root`` missing is nothing found."""
+        from fsspec.asyn import sync
+
+        async def walk() -> dict[str, dict[str, Any]]:
+            found: dict[str, dict[str, Any]] = {}
+            below = [root]  # (fsspec's _walk drops its on_error="raise" below the root)
+            while below:
+                directory = below.pop()
+                try:
+                    listing = await fs._ls(directory, detail=True)
+                except FileNotFoundError:
+                    if directory == root:
+                        return {}
+                    raise
+                for info in listing:
+                    name = info["name"].rstrip("/")
+                    if name != directory and name.rpartition("/")[2] not in (".", ".."):
+                        found[info["name"]] = info  # (not a file listed as itself, nor ./)
+                        if info["type"] == "directory":
+                            below.append(name)
+            return found
+
+        return dict(sync(fs.loop, walk))
+
+    @classmethod
     def prefetch(cls, fs: Any, path: str, size: int) -> None:
         """A small file's GET (of what its size's request did not bring) started now,
         with the others' on one thread, up to 16 at once (``httpget.BlockingClient.fetch``),
