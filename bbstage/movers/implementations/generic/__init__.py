@@ -48,7 +48,10 @@ from bbstage.movers.base import BackendOptions, TransferError
 from bbstage.movers.implementations.generic.httpget import (
     VERSIONS,
     BlockingClient,
+    Changed,
     judge,
+    keep,
+    of_size,
     tls_context,
     too_much,
 )
@@ -205,7 +208,7 @@ async def _get(
     rather than read whole; one that sends more than ``most`` bytes (the range's, or the
     whole file's planned size), before a byte past them is handed on (``too_much``). With
     ``version`` (planned size, ETag), the range is asked of that version alone
-    (``If-Match``) and must be of a file of that size: else ``_Changed``, before a byte is
+    (``If-Match``) and must be of a file of that size: else ``Changed``, before a byte is
     handed on."""
     headers = dict(kwargs.pop("headers", {}))
     if end is not None:
@@ -214,7 +217,7 @@ async def _get(
         headers["If-Match"] = version[1]
     async with session.get(url, headers=headers, **kwargs) as reply:
         if version is not None:
-            _same_version(reply.status, reply.headers.get("Content-Range", ""), name, version[0])
+            _same_version(reply.status, reply.headers.getall("Content-Range", []), name, version[0])
         judge(reply.status, reply.reason or "", name, ranged=end is not None)
         at = start
         async for data in reply.content.iter_chunked(RANGE_PIECE):
@@ -225,24 +228,14 @@ async def _get(
         return at - start
 
 
-class _Changed(TransferError):
-    """A file changed while it was read (``_get``'s ``version``, ``SFTPBackend.read_range``):
-    transient; its new version is kept for the next try (by ``AzureBackend.read_range``,
-    which catches it for that)."""
-
-    def __init__(self, name: str, why: str) -> None:
-        super().__init__(f"{name}: changed while it was read ({why})", permanent=False)
-
-
-def _same_version(status: int, content_range: str, name: str, planned: int) -> None:
+def _same_version(status: int, ranges: list[str], name: str, planned: int) -> None:
     """Refuse a reply to a range asked of one version (``If-Match``) that shows the file
-    changed: 412 (another version), or a range of a file of another size than ``planned``."""
+    changed (``Changed``): 412 (another version), or a range of a file of another size than
+    ``planned`` (``ranges``: its ``Content-Range`` headers)."""
     if status == 412:
-        raise _Changed(name, "HTTP 412: not the version listed")
+        raise Changed(name, "HTTP 412: not the version listed")
     if status == 206:
-        total = content_range.rpartition("/")[2] or "an unknown number of"
-        if total != str(planned):
-            raise _Changed(name, f"it has {total} bytes, planned {planned}")
+        of_size([r.encode("ascii", "replace") for r in ranges], name, planned)
 
 
 def _ssl_client(bundle: str | None, allowed: dict[str, Any]) -> Any:
@@ -411,7 +404,7 @@ class AzureBackend(StoreBackend):
         version = fs.versions.get(path)
         try:
             return _plain_get(fs, signed, path, into, start, end, end - start, version)
-        except _Changed:
+        except Changed:
             assert version is not None
             try:  # the version it has now, for the next try
                 now = fs.info(path, refresh=True)["etag"]
@@ -508,10 +501,7 @@ def _remember(
     for info in infos:
         version = version_of(info) if info.get("type") == "file" else None
         if version is not None:  # (a store that names none keeps none: GCS's has no dict)
-            fs.versions[info["name"]] = (info["size"], version)
-            fs.versions.move_to_end(info["name"])
-            if len(fs.versions) > VERSIONS:
-                fs.versions.popitem(last=False)
+            keep(fs.versions, info["name"], (info["size"], version), VERSIONS)
 
 
 def _listed(page: bytes, top: str, found: dict[str, dict[str, Any]]) -> str:
@@ -766,9 +756,8 @@ def _url(fs: Any, path: str) -> str:
     urls: collections.OrderedDict[str, str] = fs.urls
     url = urls.get(path)
     if url is None:
-        url = urls[path] = str(fs.encode_url(path))
-        if len(urls) > URLS:
-            urls.popitem(last=False)
+        url = str(fs.encode_url(path))
+        keep(urls, path, url, URLS)
     return url
 
 
@@ -851,8 +840,8 @@ class SFTPBackend(StoreBackend):
         if version is not None and (now.size, int(now.mtime or 0)) != version:
             fs.versions[path] = (version[0], int(now.mtime or 0))  # for the next try
             if now.size != version[0]:
-                raise _Changed(path, f"it has {now.size} bytes, planned {version[0]}")
-            raise _Changed(path, "modified since it was listed")
+                raise Changed(path, f"it has {now.size} bytes, planned {version[0]}")
+            raise Changed(path, "modified since it was listed")
         return int(got)
 
     @classmethod

@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from itertools import islice
+from typing import Any
 
 import pycurl
 
@@ -106,6 +107,32 @@ def judge(status: int, reason: str, name: str, ranged: bool) -> None:
             f"{name}: the server answered a byte range with the whole file (HTTP {status})",
             permanent=False,
         )
+
+
+class Changed(TransferError):
+    """A file changed while it was read: a reply of another version than the one its size
+    came with, or of a file of another size; transient (the next try reads the version it
+    has then: the caller keeps that)."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(f"{name}: changed while it was read ({why})", permanent=False)
+
+
+def of_size(ranges: list[bytes], name: str, planned: int) -> None:
+    """Refuse a range (a 206) whose ``Content-Range`` (``ranges``: each one sent) is not one
+    range of a file of ``planned`` bytes (``Changed``)."""
+    said = _ANY_RANGE.fullmatch(ranges[0]) if len(ranges) == 1 else None
+    if said is None or int(said[1]) != planned:
+        now = said[1].decode() if said is not None else "an unknown number of"
+        raise Changed(name, f"it has {now} bytes, planned {planned}")
+
+
+def keep(kept: collections.OrderedDict[Any, Any], key: Any, value: Any, most: int) -> None:
+    """Put ``key`` in ``kept`` as its newest, the oldest dropped past ``most``."""
+    kept[key] = value
+    kept.move_to_end(key)
+    while len(kept) > most:
+        kept.popitem(last=False)
 
 
 def too_much(name: str, most: int) -> TransferError:
@@ -240,20 +267,9 @@ class BlockingClient:
         if status == 200 and since:
             with self._lock:
                 self._versions[url] = (planned, _validator(fields))
-            raise TransferError(
-                f"{name}: changed while it was read (HTTP {status}, not the range)",
-                permanent=False,
-            )
-        if status != 206:
-            return
-        ranges = fields.get(b"content-range", [])
-        said = _ANY_RANGE.fullmatch(ranges[0]) if len(ranges) == 1 else None
-        if said is None or int(said[1]) != planned:
-            now = said[1].decode() if said is not None else "an unknown number of"
-            raise TransferError(
-                f"{name}: changed while it was read (it has {now} bytes, planned {planned})",
-                permanent=False,
-            )
+            raise Changed(name, f"HTTP {status}, not the range")
+        if status == 206:
+            of_size(fields.get(b"content-range", []), name, planned)
 
     def read(self, url: str, name: str, size: int) -> bytes | None:
         """The whole body, planned at ``size`` bytes: the first bytes its size's request
@@ -276,10 +292,7 @@ class BlockingClient:
         if status >= 400:
             judge(status, _reason(status), name, ranged=False)
         if first and status != 206:  # If-Range: a file changed since is sent whole
-            raise TransferError(
-                f"{name}: changed while it was read (HTTP {status}, not the rest)",
-                permanent=False,
-            )
+            raise Changed(name, f"HTTP {status}, not the rest")
         return b"".join([*first, *chunks])
 
     def fetch(self, url: str, name: str, size: int) -> None:
@@ -321,13 +334,9 @@ class BlockingClient:
             got = _count(first) if first is not None else 0
             if size is not None and first is not None and (got == size or since):
                 with self._lock:
-                    self._kept[request.url] = (size, first, since)
-                    while len(self._kept) > KEPT:
-                        self._kept.popitem(last=False)
-                    if got < size and status == 206:
-                        self._versions[request.url] = (size, since)  # for its ranges
-                        while len(self._versions) > VERSIONS:
-                            self._versions.popitem(last=False)
+                    keep(self._kept, request.url, (size, first, since), KEPT)
+                    if got < size and status == 206:  # for its ranges
+                        keep(self._versions, request.url, (size, since), VERSIONS)
             yield size
 
     def close(self) -> None:
@@ -564,11 +573,10 @@ def _probed(
     """What the reply to a size's request (``PROBE`` bytes from 0) says: the file's size,
     said plainly, its first bytes (``body``: all of them, for a file of up to ``PROBE``),
     or None, and the validator that names this version of it (``_validator``; b"" if
-    none). A 206
-    names the size in ``Content-Range: bytes 0-E/SIZE``, its body bytes 0 to E; a 200 (a
-    server that ignores ``Range``) in its ``Content-Length``, its body the file if it came
-    whole. Plainly: one ``Content-Length`` of at most 18 ASCII digits, of a body sent as
-    is, the number of bytes that came; anything else is (None, None, b"")."""
+    none). A 206 names the size in ``Content-Range: bytes 0-E/SIZE``, its body bytes 0 to
+    E; a 200 (a server that ignores ``Range``) in its ``Content-Length``, its body the file
+    if it came whole. Plainly: one ``Content-Length`` of at most 18 ASCII digits, of a body
+    sent as is, the number of bytes that came; anything else is (None, None, b"")."""
     fields = _fields(lines)
     given = fields.get(b"content-length", [])
     coding = fields.get(b"content-encoding", [])
