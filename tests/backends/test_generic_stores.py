@@ -90,7 +90,7 @@ def test_sftp_speaks_aes_gcm_where_the_cpu_has_aes(
     """The cipher the real sshd agreed to: AES-GCM where the CPU has AES instructions (a
     third of chacha20-poly1305's CPU for 1 GiB up, docs/performance.md), asyncssh's own
     first choice where it has not."""
-    from bbstage.movers.implementations.generic.ciphers import cpu_has_aes
+    from bbstage.movers.implementations.generic import cpu_has_aes
 
     user_home(tmp_path, monkeypatch)
     gen = open_store("sftp", stores_env, StoreOptions({}))
@@ -103,44 +103,6 @@ def test_sftp_speaks_aes_gcm_where_the_cpu_has_aes(
         )
     finally:
         next(gen, None)
-
-
-@pytest.mark.parametrize("tls", ["TLSv1_2", "TLSv1_3"])
-@pytest.mark.parametrize("aes", [True, False])
-def test_https_asks_for_aes128_gcm_first_where_the_cpu_has_aes(
-    tls: str, aes: bool, stores_env: dict[str, str], tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
-    """The cipher a server that takes the client's order agrees to, over TLS 1.2 and 1.3:
-    AES-128-GCM where the CPU has AES instructions (both ends spend less than on AES-256,
-    docs/performance.md), OpenSSL's own first choice (AES-256-GCM) where it has not; the
-    file's bytes whole either way."""
-    import ssl
-
-    from bbstage import movers
-    from bbstage.movers.implementations.generic import ciphers
-
-    monkeypatch.setattr(ciphers, "cpu_has_aes", lambda: aes)
-    agreed: list[str] = []
-
-    def do_GET(self: Any) -> None:
-        agreed.append(self.connection.cipher()[0])
-        body = b"cipher" * 1000
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    with _served(stores_env, tmp_path, "/c", tls=ssl.TLSVersion[tls], do_GET=do_GET) as (
-        url,
-        fs,
-    ):
-        assert movers.backend("https").read(fs, url, 6000) == b"cipher" * 1000
-    if tls == "TLSv1_2":
-        key = "ECDHE-ECDSA-AES128-GCM-SHA256" if aes else "ECDHE-ECDSA-AES256-GCM-SHA384"
-    else:
-        key = "TLS_AES_128_GCM_SHA256" if aes else "TLS_AES_256_GCM_SHA384"
-    assert agreed and set(agreed) == {key}, agreed
 
 
 def test_https_is_verified_without_the_sites_ca_bundle_it_fails(
@@ -1123,32 +1085,25 @@ def _allowed(env: dict[str, str], port: int, url: str) -> Any:
 
 
 @contextlib.contextmanager
-def _served(
-    env: dict[str, str], tmp_path: Path, path: str, tls: Any = None, **methods: Any
-) -> Iterator[Any]:
-    """``_tls_server`` with ``tls`` and ``methods``, serving an empty directory; the URL of
-    ``path`` there and its https filesystem, the server allowed."""
+def _served(env: dict[str, str], tmp_path: Path, path: str, **methods: Any) -> Iterator[Any]:
+    """``_tls_server`` with ``methods``, serving an empty directory; the URL of ``path``
+    there and its https filesystem, the server allowed."""
     (tmp_path / "www").mkdir()
-    with _tls_server(env, tmp_path / "www", tls, **methods) as port:
+    with _tls_server(env, tmp_path / "www", **methods) as port:
         url = f"https://127.0.0.1:{port}{path}"
         yield url, _allowed(env, port, url)
 
 
 @contextlib.contextmanager
-def _tls_server(env: dict[str, str], root: Path, tls: Any = None, **methods: Any) -> Iterator[int]:
+def _tls_server(env: dict[str, str], root: Path, **methods: Any) -> Iterator[int]:
     """Python's own HTTPS server (HTTP/1.1, ``Range`` ignored) on 127.0.0.1 with the test
-    CA's certificate, serving ``root``, its handler given ``methods``; its port. It takes
-    the client's order of ciphers, as nginx does unless told otherwise; ``tls``: the
-    highest TLS version it speaks (an ``ssl.TLSVersion``)."""
+    CA's certificate, serving ``root``, its handler given ``methods``; its port."""
     import http.server
     import ssl
 
     ca = Path(env["BBSTAGE_HTTPS_CA"]).parent
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(ca / "server.pem", ca / "server.key")
-    context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
-    if tls is not None:
-        context.maximum_version = tls
     handler = type(
         "Plain",
         (http.server.SimpleHTTPRequestHandler,),

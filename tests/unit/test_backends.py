@@ -233,36 +233,10 @@ def test_sftp_asks_for_aes_gcm_first_only_where_the_cpu_has_aes(
     text: str, has: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from bbstage.movers.implementations import generic
-    from bbstage.movers.implementations.generic import ciphers
 
     (tmp_path / "cpuinfo").write_text(text)
-    assert ciphers.cpu_has_aes(str(tmp_path / "cpuinfo")) is has
-    assert ciphers.cpu_has_aes(str(tmp_path / "nothing")) is False
-    monkeypatch.setattr(ciphers, "cpu_has_aes", lambda: has)
+    assert generic.cpu_has_aes(str(tmp_path / "cpuinfo")) is has
+    assert generic.cpu_has_aes(str(tmp_path / "nothing")) is False
+    monkeypatch.setattr(generic, "cpu_has_aes", lambda: has)
     algs = generic.SFTPBackend.kwargs({}, "sftp://u@h/x").get("encryption_algs")
-    assert algs == (ciphers.SSH_AES_FIRST if has else None)
-
-
-def test_the_tls_orders_that_put_aes128_first_offer_every_cipher_openssl_offers() -> None:
-    """Only the order changes (``ciphers``): over TLS 1.2 the same suites as OpenSSL's
-    DEFAULT, every AEAD one with forward secrecy before any other; over TLS 1.3 OpenSSL's
-    three default suites."""
-    import ssl
-
-    from bbstage.movers.implementations.generic import ciphers
-
-    def offered(spec: str) -> list[str]:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.set_ciphers(spec)
-        return [c["name"] for c in context.get_ciphers() if c["protocol"] == "TLSv1.2"]
-
-    ours, default = offered(ciphers.TLS12_AES_FIRST), offered("DEFAULT")
-    assert sorted(ours) == sorted(default) and ours != default
-    assert ours[:2] == ["ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256"]
-    keyed = [n for n in ours if "PSK" not in n]  # (a pre-shared key's: libcurl sets none)
-    strong = [n for n in keyed if ("GCM" in n or "CHACHA20" in n) and "HE-" in n]
-    assert keyed[: len(strong)] == strong, keyed
-    tls13 = {c["name"] for c in ssl.create_default_context().get_ciphers()}
-    tls13 = {n for n in tls13 if n.startswith("TLS_")}
-    assert set(ciphers.TLS13_AES_FIRST.split(":")) == tls13
-    assert ciphers.TLS13_AES_FIRST.startswith("TLS_AES_128_GCM_SHA256:")
+    assert algs == (generic.AES_FIRST if has else None)

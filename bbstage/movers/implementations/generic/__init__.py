@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import functools
 import os
 import re
 import urllib.parse
@@ -42,7 +43,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import bbstage.movers.implementations.generic.ciphers as ciphers
 from bbstage.movers.backends import Backend, Into, UrlRule, at_once
 from bbstage.movers.base import BackendOptions, TransferError
 from bbstage.movers.implementations.generic.httpget import (
@@ -764,6 +764,27 @@ def _url(fs: Any, path: str) -> str:
 URLS = 4096  # files whose encoded URL an HTTPS filesystem keeps (_url)
 
 
+# The ciphers an SFTP connection asks for first where the CPU has AES instructions, before
+# asyncssh's own order (chacha20-poly1305 first), as rclone's Go client does: 1 GiB up to the
+# local sshd 1.9-2.1 s against 3.0-3.9 s (1.5 s of the client's CPU against 2.5-3.0 s; rclone
+# 3.4 s), and the server decrypts faster too.
+AES_FIRST = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
+
+
+@functools.cache
+def cpu_has_aes(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Does this CPU have AES instructions (x86's ``aes`` flag, Arm's ``aes`` feature)?"""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            return any(
+                line.split(":", 1)[0].strip() in ("flags", "Features")
+                and "aes" in line.split(":", 1)[1].split()
+                for line in f
+            )
+    except OSError:
+        return False
+
+
 class SFTPBackend(StoreBackend):
     """``sftp://[user@]host[:port]/path``: through sshfs (asyncssh), with the user's keys and
     ``known_hosts`` in ``~/.ssh`` (an unknown host key is refused)."""
@@ -869,8 +890,8 @@ class SFTPBackend(StoreBackend):
         # not the user's ~/.ssh/config: its HostName, Port, ProxyJump or ProxyCommand would
         # reach another host than the one checked against [sftp] allowed_hosts
         args["config"] = []
-        if ciphers.cpu_has_aes():
-            args["encryption_algs"] = ciphers.SSH_AES_FIRST
+        if cpu_has_aes():
+            args["encryption_algs"] = AES_FIRST
         return args
 
     @classmethod

@@ -36,7 +36,6 @@ from typing import Any
 
 import pycurl
 
-import bbstage.movers.implementations.generic.ciphers as ciphers
 from bbstage.movers.backends import Into
 from bbstage.movers.base import TransferError
 
@@ -456,9 +455,6 @@ class BlockingClient:
         curl.setopt(pycurl.LOW_SPEED_TIME, int(TIMEOUT))  # ... for this long: ended
         curl.setopt(pycurl.SSL_VERIFYPEER, True)
         curl.setopt(pycurl.SSL_VERIFYHOST, 2)
-        if ciphers.cpu_has_aes():  # only the order: every cipher OpenSSL offers still is
-            curl.setopt(pycurl.SSL_CIPHER_LIST, ciphers.TLS12_AES_FIRST)
-            curl.setopt(pycurl.TLS13_CIPHERS, ciphers.TLS13_AES_FIRST)
         if self._cas:
             curl.setopt(pycurl.CAINFO_BLOB, self._cas)
         else:  # none but the directory's
