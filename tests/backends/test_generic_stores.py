@@ -326,6 +326,65 @@ def test_an_https_directory_the_index_names_but_cannot_be_listed_fails_the_tree(
         assert not (out / "f").exists() or (out / "d" / "g").exists()
 
 
+@pytest.mark.parametrize("without_end", ["deep", "wide", "long"])
+def test_an_https_tree_whose_indexes_have_no_end_fails_bounded(
+    without_end: str, stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that generates its indexes (a user's own, or one that lists a directory
+    under itself) is listed only so far, then the tree fails, permanently, saying what to
+    do, nothing staged: ``deep``, each directory's index names a directory below it
+    (``TREE_DEEPEST``, 128); ``wide``, each names ten (``TREE_MOST`` entries, here 200); ``long``,
+    one index page without end (``INDEX_MOST`` bytes, here 64 KiB: aiohttp's own read
+    takes a body of any length into memory)."""
+    from bbstage import movers
+    from bbstage.movers.implementations import generic
+
+    # (each bound small enough that the others end a test whose own bound is gone)
+    monkeypatch.setattr(generic, "TREE_MOST", 200 if without_end == "wide" else 1000)
+    monkeypatch.setattr(generic, "INDEX_MOST", 64 << 10)
+    listed: list[str] = []
+
+    def do_GET(self: Any) -> None:  # noqa: N802 - http.server's name
+        if self.path.rstrip("/").rpartition("/")[2].startswith("f"):
+            self.send_error(404)  # (a file: never read, the tree fails before)
+            return
+        listed.append(self.path)
+        names = {"deep": ["d"], "wide": [f"d{i}" for i in range(10)], "long": []}[without_end]
+        page = "".join(f'<a href="{n}/">{n}/</a>\n' for n in names) + '<a href="f">f</a>\n'
+        if without_end == "long":
+            page += "".join(f'<a href="f{i:07d}">f</a>\n' for i in range(20_000))  # ~600 KiB
+        body = page.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except OSError:
+            pass  # the client stopped reading, as it should
+
+    with _served(stores_env, tmp_path, "/t/", do_GET=do_GET) as (url, fs):
+        https = movers.backend("https")
+        with pytest.raises(TransferError) as failed:
+            https.find(fs, url.rstrip("/"))
+        assert failed.value.permanent
+        said = {
+            "deep": f"more than directories {generic.TREE_DEEPEST} deep",
+            "wide": "more than 200 files and directories",
+            "long": "sent more than 65536 bytes",
+        }[without_end]
+        assert said in str(failed.value) and "stage a part of it" in str(failed.value)
+        assert (
+            len(listed) <= {"deep": generic.TREE_DEEPEST + 1, "wide": 21, "long": 1}[without_end]
+        ), listed
+        ca = {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [url.split("/")[2]]}
+        out = tmp_path / "out"
+        spec = TransferSpec.between(url, f"{out}/", job_id="t", source_options=StoreOptions(ca))
+        events = _run(spec)
+        assert isinstance(events[-1], Failed) and said in events[-1].message, events[-1]
+        assert not out.exists() or not any(out.iterdir())
+
+
 @contextlib.contextmanager
 def _listener(host: str, port: int = 0) -> Iterator[tuple[int, list[object]]]:
     """A TCP listener (its port, and the connections it saw): each connection is closed at

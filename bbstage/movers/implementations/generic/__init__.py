@@ -252,10 +252,36 @@ def _ssl_client(bundle: str | None, allowed: dict[str, Any]) -> Any:
             check(str(req.url))
             return await super().connect(req, *args, **kwargs)
 
+    class Bounded(aiohttp.ClientResponse):
+        """A reply read whole (an index, by fsspec's listing) of at most ``INDEX_MOST``
+        bytes: aiohttp's reads a body of any length into memory."""
+
+        async def read(self) -> bytes:
+            if self._body is None:
+                parts, got = [], 0
+                async for data in self.content.iter_any():
+                    got += len(data)
+                    if got > INDEX_MOST:
+                        self.close()
+                        raise TransferError(
+                            f"{self.url}: the server sent more than {INDEX_MOST} bytes of"
+                            " it (an index page that big, or one without end): stage a part"
+                            " of it",
+                            permanent=True,
+                        )
+                    parts.append(data)
+                self._body = b"".join(parts)
+            return await super().read()
+
     async def get_client(**kwargs: Any) -> Any:
-        return aiohttp.ClientSession(connector=Connector(ssl=context), **kwargs)
+        return aiohttp.ClientSession(
+            connector=Connector(ssl=context), response_class=Bounded, **kwargs
+        )
 
     return get_client
+
+
+INDEX_MOST = 64 << 20  # bytes of an HTTPS index page (nginx's autoindex: ~400,000 entries)
 
 
 class GCSBackend(StoreBackend):
@@ -691,9 +717,10 @@ class HTTPSBackend(StoreBackend):
 
         async def walk() -> dict[str, dict[str, Any]]:
             found: dict[str, dict[str, Any]] = {}
-            below = [root]  # (fsspec's _walk drops its on_error="raise" below the root)
+            # (fsspec's _walk drops its on_error="raise" below the root)
+            below = [(root, 0)]  # a directory, and how deep below root
             while below:
-                directory = below.pop()
+                directory, depth = below.pop()
                 try:
                     listing = await fs._ls(directory, detail=True)
                 except FileNotFoundError:
@@ -705,7 +732,11 @@ class HTTPSBackend(StoreBackend):
                     if name != directory and name.rpartition("/")[2] not in (".", ".."):
                         found[info["name"]] = info  # (not a file listed as itself, nor ./)
                         if info["type"] == "directory":
-                            below.append(name)
+                            if depth == TREE_DEEPEST:
+                                raise _unending(root, f"directories {TREE_DEEPEST} deep")
+                            below.append((name, depth + 1))
+                if len(found) > TREE_MOST:
+                    raise _unending(root, f"{TREE_MOST} files and directories")
             return found
 
         return dict(sync(fs.loop, walk))
@@ -749,6 +780,15 @@ class HTTPSBackend(StoreBackend):
         return unquote(rel)
 
 
+def _unending(root: str, what: str) -> TransferError:
+    """The error of an HTTPS tree whose indexes name more than ``what``."""
+    return TransferError(
+        f"{root}: its indexes name more than {what} (a tree that big, or indexes a server"
+        " generates without end): stage a part of it",
+        permanent=True,
+    )
+
+
 def _url(fs: Any, path: str) -> str:
     """``path`` as fsspec's HTTP filesystem encodes it (yarl), for libcurl: the last
     ``URLS`` kept, as a file's URL is asked for its size, its read ahead and its read (25
@@ -762,6 +802,10 @@ def _url(fs: Any, path: str) -> str:
 
 
 URLS = 4096  # files whose encoded URL an HTTPS filesystem keeps (_url)
+# the most an HTTPS tree's indexes may name (HTTPSBackend.find): a server can generate
+# indexes without end, and the worker keeps each entry (each listing is a request)
+TREE_MOST = 1_000_000  # files and directories
+TREE_DEEPEST = 128  # directories below the root (Linux: PATH_MAX, 4,096 bytes, ~2,000)
 
 
 # The ciphers an SFTP connection asks for first where the CPU has AES instructions, before
