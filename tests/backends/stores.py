@@ -117,9 +117,16 @@ def fresh() -> str:
 
 def allow_local(kind: str, env: dict[str, str], options: BackendOptions | None) -> Any:
     """``options`` with the local server in ``allowed_hosts`` where ``kind``'s URLs name the
-    host to reach (https, sftp), as the local cluster's daemon config has it; unchanged
-    when they name their own ``allowed_hosts`` (or the backend checks no host)."""
+    host to reach (https, sftp), in ``allowed_endpoints`` where the user's credentials do
+    (az: Azurite), as the local cluster's daemon config has it; unchanged when they name
+    their own (or the backend checks no host)."""
     from bbstage.movers.implementations.generic import StoreOptions
+
+    if kind in ("az", "abfs") and isinstance(options, StoreOptions):
+        if "allowed_endpoints" in options.settings:
+            return options
+        conn = dict(p.split("=", 1) for p in env["BBSTAGE_AZ_CONNECTION"].strip(";").split(";"))
+        return StoreOptions({**options.settings, "allowed_endpoints": [conn["BlobEndpoint"]]})
 
     port = {"https": env["BBSTAGE_HTTPS_URL"].rsplit(":", 1)[-1]}.get(kind)
     port = env["BBSTAGE_SFTP_PORT"] if kind == "sftp" else port

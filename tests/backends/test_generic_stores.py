@@ -455,6 +455,77 @@ def test_a_host_the_site_has_not_allowed_is_never_reached(
     assert not seen, "a host the site did not allow was reached"
 
 
+def test_an_azure_endpoint_the_site_has_not_allowed_is_never_reached(
+    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The endpoint of a user's Azure connection string is reached only when the site
+    allows it (``[az] allowed_endpoints``; Azure's own over https): a listener on
+    127.0.0.1 named as the endpoint, not listed (Azurite is), sees no connection, and the
+    transfer fails naming the endpoint and the key to set; an endpoint listed over https
+    is not one over http. An allowed endpoint that redirects elsewhere (Azure's service
+    sends no redirect) is not followed there."""
+    import http.server
+
+    from bbstage import movers
+
+    home = user_home(tmp_path, monkeypatch)
+    conn = home / ".config/bbstage/azure-connection-string"
+    key = dict(p.split("=", 1) for p in conn.read_text().strip().strip(";").split(";"))
+
+    def point_at(endpoint: str) -> None:
+        conn.write_text(
+            f"DefaultEndpointsProtocol=http;AccountName={key['AccountName']};"
+            f"AccountKey={key['AccountKey']};BlobEndpoint={endpoint}/{key['AccountName']};"
+        )
+
+    az = movers.backend("az")
+    local = allow_local("az", stores_env, StoreOptions({}))
+    with _listener("127.0.0.1") as (port, seen):
+        for listed in ([], [f"https://127.0.0.1:{port}"], [f"127.0.0.1:{port}"]):
+            point_at(f"http://127.0.0.1:{port}")
+            options = StoreOptions(
+                {"allowed_endpoints": [*local.settings["allowed_endpoints"], *listed]}
+            )
+            store = Store("az", "", options, None)
+            events = BackendSuite().run(store, "az://bbstage-test/x", str(tmp_path / "x"))
+            assert isinstance(events[-1], Failed), events[-1]
+            said = events[-1].message
+            assert f"http://127.0.0.1:{port}" in said and "[az] allowed_endpoints" in said, said
+
+        # allowed, and redirecting every request to the listener
+        def do_GET(self: Any) -> None:  # noqa: N802 - http.server's name
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{port}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        handler = type(
+            "Redirects",
+            (http.server.BaseHTTPRequestHandler,),
+            {"do_GET": do_GET, "do_HEAD": do_GET, "protocol_version": "HTTP/1.1",
+             "log_message": lambda *a: None},
+        )  # fmt: skip
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            there = f"http://127.0.0.1:{server.server_address[1]}"
+            point_at(there)
+            store = Store("az", "", StoreOptions({"allowed_endpoints": [there]}), None)
+            for url in ("az://bbstage-test/x", "az://bbstage-test/t/"):
+                events = BackendSuite().run(store, url, str(tmp_path / "x") + url[-1:])
+                assert isinstance(events[-1], Failed), events[-1]
+            fs = az.filesystem(store.options, "az://bbstage-test/x")
+            with pytest.raises(TransferError, match="redirected it"):
+                az.read(fs, "bbstage-test/x", 10)
+            with pytest.raises(TransferError, match="redirected it"):
+                az.read_range(fs, "bbstage-test/x", 0, 10, lambda at, data: None)
+        finally:
+            server.shutdown()
+            server.server_close()
+        assert not (tmp_path / "x").exists()
+    assert not seen, "an endpoint the site did not allow was reached"
+
+
 def test_https_reads_go_through_no_proxy_the_environment_names(
     stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 
 from bbstage.movers.backends import Backend, Into, UrlRule, at_once
 from bbstage.movers.base import BackendOptions, TransferError
+from bbstage.movers.implementations.endpoints import endpoint_of
 from bbstage.movers.implementations.generic.httpget import (
     VERSIONS,
     BlockingClient,
@@ -330,6 +331,13 @@ class GCSBackend(StoreBackend):
 
 
 AZURE_CONNECTION = ".config/bbstage/azure-connection-string"  # under the user's home
+# Azure's own Blob endpoints (the public cloud's, China's, the US government's): allowed
+# over https without a line in [az] allowed_endpoints
+AZURE_DOMAINS = (
+    ".blob.core.windows.net",
+    ".blob.core.chinacloudapi.cn",
+    ".blob.core.usgovcloudapi.net",
+)
 
 
 class AzureBackend(StoreBackend):
@@ -337,7 +345,8 @@ class AzureBackend(StoreBackend):
     user's own connection string (``~/.config/bbstage/azure-connection-string``)."""
 
     name, schemes, section, protocol = "az", ("az", "abfs"), "az", "az"
-    settings_keys = frozenset()  # the endpoint is the connection string's
+    # the endpoint is the connection string's: one the site has not allowed is refused
+    settings_keys = frozenset({"allowed_endpoints"})
     url_rule = UrlRule(
         what="Azure container",
         rules="container names have 3-63 characters a-z 0-9 - and start and end with a"
@@ -379,25 +388,72 @@ class AzureBackend(StoreBackend):
         return {"connection_string": text}
 
     @classmethod
+    def check_settings(cls, raw: dict[str, Any]) -> None:
+        if not isinstance(raw.get("allowed_endpoints", []), list):
+            raise TransferError(
+                f"daemon config [az] allowed_endpoints: {raw['allowed_endpoints']!r} is not a"
+                ' list (write ["https://host", "http://host:port"])'
+            )
+        for entry in raw.get("allowed_endpoints", []):
+            try:
+                endpoint_of(entry)
+            except ValueError as exc:
+                raise TransferError(f"daemon config [az] allowed_endpoints: {exc}") from None
+        super().check_settings({k: v for k, v in raw.items() if k != "allowed_endpoints"})
+
+    @classmethod
+    def check_endpoint(cls, settings: dict[str, Any], service: Any) -> None:
+        """Refuse a connection string whose endpoints (the service's, and its secondary's
+        if it names one) the site has not allowed: a user's connection string must not
+        make a transfer node reach any host and port it can (a management network,
+        127.0.0.1). Allowed: Azure's own (``https://*.blob.core.windows.net`` and its
+        national clouds'), and each of ``[az] allowed_endpoints`` (``host:port`` means
+        https; an ``http://`` endpoint only when listed as such). Checked before any
+        request is made."""
+        allowed = {endpoint_of(e) for e in settings.get("allowed_endpoints", [])}
+        for host in (service.primary_hostname, service.secondary_hostname):
+            if not host:
+                continue
+            url = f"{service.scheme}://{host}"
+            try:
+                wanted = endpoint_of(url)  # (Azurite's names the account after a "/")
+            except ValueError:
+                wanted = ("", "", 0)
+            if wanted[0] == "https" and wanted[1].endswith(AZURE_DOMAINS):
+                continue
+            if wanted not in allowed:
+                raise TransferError(
+                    f"Azure endpoint {url} (the connection string in ~/{AZURE_CONNECTION})"
+                    " is not allowed on this site: the administrator may add it to [az]"
+                    " allowed_endpoints in the daemon config"
+                )
+
+    @classmethod
     def filesystem(cls, options: BackendOptions | None, url: str) -> Any:
-        """adlfs's filesystem; without a proxy variable in the environment, its client does
-        not look for one (nor for ``~/.netrc``) at each request: two hops to a thread per
-        request, a quarter of a small blob's time (300 x 64 KiB from Azurite, 8 at once:
-        0.72 s with them, 0.53-0.58 s without)."""
+        """adlfs's filesystem, its endpoints allowed (``check_endpoint``); without a proxy
+        variable in the environment, its client does not look for one (nor for
+        ``~/.netrc``) at each request: two hops to a thread per request, a quarter of a
+        small blob's time (300 x 64 KiB from Azurite, 8 at once: 0.72 s with them,
+        0.53-0.58 s without). Neither client follows a redirect (Azure's service sends
+        none): a signed GET's answer elsewhere is the error it is."""
         from fsspec.implementations.http import HTTPFileSystem
 
         fs = super().filesystem(options, url)
+        settings = options.settings if isinstance(options, StoreOptions) else {}
         proxied = any(os.environ.get(name) for name in cls.env)
         if not proxied:
             from azure.storage.blob.aio import BlobServiceClient
 
             fs.service_client = BlobServiceClient.from_connection_string(
-                fs.connection_string, use_env_settings=False
+                fs.connection_string, use_env_settings=False, permit_redirects=False
             )
+        cls.check_endpoint(settings, fs.service_client)
         # the session of the signed GETs (read_range, read): fsspec's HTTP filesystem,
         # which closes it; through the environment's proxy, as the SDK's requests
         fs.plain_http = HTTPFileSystem(
-            skip_instance_cache=True, client_kwargs={"trust_env": proxied}
+            skip_instance_cache=True,
+            client_kwargs={"trust_env": proxied},
+            allow_redirects=False,
         )
         # small blobs' GETs in the worker's threads, where no proxy is to be used (it reads
         # none): 1,000 x 64 KiB from Azurite, 6 runs each beside rclone, the median of each

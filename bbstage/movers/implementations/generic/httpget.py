@@ -94,8 +94,11 @@ def judge(status: int, reason: str, name: str, ranged: bool) -> None:
     """Refuse a reply by its status: 404 as a missing file, 401 and 403 as permission
     denied, any other error as transient (retried); and a byte range answered with anything
     but 206 (a server that ignores ``Range`` sends the whole file), transient too: a
-    mirror behind it may answer the next try. Errors name ``name``, never the URL (Azure's
-    carries a signature)."""
+    mirror behind it may answer the next try. A redirect that reaches here was not to be
+    followed (Azure's: its service sends none), permanently. Errors name ``name``, never the
+    URL (Azure's carries a signature)."""
+    if 300 <= status < 400:
+        raise TransferError(f"{name}: the server redirected it (HTTP {status}), not followed")
     if status == 404:
         raise FileNotFoundError(name)
     if status in (401, 403):

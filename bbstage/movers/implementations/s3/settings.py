@@ -9,13 +9,13 @@ from __future__ import annotations
 import configparser
 import pwd
 import re
-import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from bbstage.movers.base import BackendOptions, TransferError
+from bbstage.movers.implementations.endpoints import endpoint_of
 from bbstage.transfer import retrying
 from bbstage.units import parse_size
 
@@ -91,11 +91,11 @@ class S3Settings:
                     if not isinstance(value, list):
                         raise ValueError(f"{value!r}: use a list of URLs or host:port")
                     for each in value:
-                        _endpoint(each)  # ValueError if it is not one
+                        endpoint_of(each)  # ValueError if it is not one
                     kwargs[key] = tuple(value)
                 elif key == "endpoint_url":
                     if value:
-                        _endpoint(value)
+                        endpoint_of(value)
                     kwargs[key] = str(value) or None
                 elif key == "region":
                     kwargs[key] = str(value) or None
@@ -111,23 +111,6 @@ class S3Settings:
         return settings
 
 
-def _endpoint(value: Any) -> tuple[str, str, int]:
-    """(scheme, host, port) of an endpoint: a URL (``https://s3.example.org``,
-    ``http://10.0.0.5:7480``) or ``host:port`` (https); ValueError if it is neither."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{value!r} is not a URL (https://host[:port]) or host:port")
-    url = urllib.parse.urlsplit(value if "://" in value else f"https://{value}")
-    try:
-        port = url.port
-    except ValueError:
-        port = None
-        url = url._replace(scheme="")  # refused below
-    host = url.hostname or ""
-    if url.scheme not in ("http", "https") or not re.fullmatch(r"[0-9a-z._:-]+", host):
-        raise ValueError(f"{value!r} is not a URL (https://host[:port]) or host:port")
-    return url.scheme, host, port or (443 if url.scheme == "https" else 80)
-
-
 def check_endpoint(settings: S3Settings, endpoint: str, whose: str) -> None:
     """Refuse an S3 endpoint the site has not allowed: ``endpoint`` is the one the user's
     client would use (their own ``endpoint_url`` in ``~/.aws/config`` wins over ``[s3]``).
@@ -135,12 +118,12 @@ def check_endpoint(settings: S3Settings, endpoint: str, whose: str) -> None:
     https; an ``http://`` endpoint only when listed as such); and, where ``[s3] endpoint_url``
     is unset, AWS's own https endpoints (``*.amazonaws.com``)."""
     try:
-        wanted = _endpoint(endpoint)
+        wanted = endpoint_of(endpoint)
     except ValueError:
         wanted = ("", "", 0)
-    allowed = {_endpoint(e) for e in settings.allowed_endpoints}
+    allowed = {endpoint_of(e) for e in settings.allowed_endpoints}
     if settings.endpoint_url:
-        allowed.add(_endpoint(settings.endpoint_url))
+        allowed.add(endpoint_of(settings.endpoint_url))
     elif wanted[0] == "https" and wanted[1].endswith((".amazonaws.com", ".amazonaws.com.cn")):
         return
     if wanted not in allowed:
