@@ -526,6 +526,44 @@ def test_an_azure_endpoint_the_site_has_not_allowed_is_never_reached(
     assert not seen, "an endpoint the site did not allow was reached"
 
 
+@pytest.mark.parametrize(
+    "credentials",
+    [
+        {"type": "authorized_user", "client_id": "c", "client_secret": "s",
+         "refresh_token": "r", "token_uri": "http://127.0.0.1:{port}/token"},
+        {"type": "external_account", "audience": "a", "subject_token_type": "t",
+         "token_url": "https://sts.googleapis.com/v1/token",
+         "credential_source": {"url": "http://127.0.0.1:{port}/subject"}},
+    ],
+    ids=["token_uri", "credential_source.url"],
+)  # fmt: skip
+def test_google_credentials_that_name_another_host_never_reach_it(
+    credentials: dict[str, Any], stores_env: dict[str, str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A user's application default credentials name the URLs google-auth sends requests
+    to (a refresh token to ``token_uri``): one that is not Google's over https fails the
+    transfer before any request, naming the file and the key; a listener named there sees
+    no connection."""
+    import json
+
+    home = user_home(tmp_path, monkeypatch)
+    adc = home / ".config/gcloud/application_default_credentials.json"
+    adc.parent.mkdir(parents=True)
+    with _listener("127.0.0.1") as (port, seen):
+        text = json.dumps(credentials).replace("{port}", str(port))
+        adc.write_text(text)
+        key = next(k for k in ("token_uri", "credential_source") if k in credentials)
+        options = StoreOptions({"endpoint_url": stores_env["BBSTAGE_GS_ENDPOINT"]})
+        store = Store("gs", "", options, None)
+        events = BackendSuite().run(store, "gs://bbstage-test/x", str(tmp_path / "x"))
+        assert isinstance(events[-1], Failed), events[-1]
+        said = events[-1].message
+        assert str(adc) in said and key in said and f"127.0.0.1:{port}" in said, said
+        assert not (tmp_path / "x").exists()
+    assert not seen, "a host the user's credentials named was reached"
+
+
 def test_https_reads_go_through_no_proxy_the_environment_names(
     stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

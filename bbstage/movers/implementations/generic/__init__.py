@@ -327,7 +327,57 @@ class GCSBackend(StoreBackend):
         from gcsfs.core import GCSFileSystem
 
         settings = options.settings if isinstance(options, StoreOptions) else {}
-        return GCSFileSystem(skip_instance_cache=True, **cls.kwargs(settings, url))
+        args = cls.kwargs(settings, url)
+        if args["token"] is None:  # the user's application default credentials
+            check_google_credentials(os.path.join(os.path.expanduser("~"), GOOGLE_ADC))
+        return GCSFileSystem(skip_instance_cache=True, **args)
+
+
+GOOGLE_ADC = ".config/gcloud/application_default_credentials.json"  # under the user's home
+# the hosts Google's credentials send a token request to, or name (https only)
+GOOGLE_HOSTS = (".googleapis.com", ".google.com")
+
+
+def check_google_credentials(path: str) -> None:
+    """Refuse application default credentials (``path``, the user's own) that name a URL
+    other than Google's over https: google-auth sends a request to the URLs the file names
+    (``token_uri`` with the refresh token, ``token_url``, an external account's
+    ``credential_source`` ``url``, an impersonation URL), so a user's file could make a
+    transfer node reach any host and port it can (a management network, 127.0.0.1).
+    Checked before any request is made; no file, nothing to check (gcsfs then finds
+    none)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            info = json.load(f)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as exc:
+        raise TransferError(f"{path}: not readable as Google credentials ({exc})") from None
+    found: list[tuple[str, Any]] = [("", info)]  # (its key, dotted; a value)
+    while found:
+        key, value = found.pop()
+        if isinstance(value, dict):
+            found.extend((f"{key}.{k}".lstrip("."), v) for k, v in value.items())
+        elif isinstance(value, list):
+            found.extend((key, v) for v in value)
+        elif isinstance(value, str) and "://" in value:
+            url = urllib.parse.urlsplit(value.strip())
+            try:
+                port = url.port or (443 if url.scheme == "https" else 80)
+                host = f"{(url.hostname or '').lower()}:{port}"
+            except ValueError:
+                host = "?"
+            if url.scheme != "https" or not (
+                host.endswith(tuple(f"{h}:443" for h in GOOGLE_HOSTS))
+                or f".{host}" in (f"{h}:443" for h in GOOGLE_HOSTS)
+            ):
+                raise TransferError(
+                    f"{path}: {key} names {url.scheme}://{host}, not Google's over https:"
+                    " the transfer node would send your credentials there (use credentials"
+                    " from gcloud auth application-default login)"
+                )
 
 
 AZURE_CONNECTION = ".config/bbstage/azure-connection-string"  # under the user's home
