@@ -301,6 +301,54 @@ def test_a_user_without_credentials_never_gets_the_hosts_role(
     assert any("security-credentials" in a or "container-creds" in a for a in asked)
 
 
+@pytest.mark.parametrize("route", ["services", "source_profile", "credential_source"])
+def test_a_users_profile_never_sends_its_clients_elsewhere_nor_takes_the_hosts_role(
+    route: str, tmp_path: Path, endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's profile assumes a role: botocore's STS client takes the endpoint of the
+    profile's ``services`` section (``services``), or of the profile its keys come from
+    (``source_profile``), which no S3 check saw; or it takes the host's instance role as
+    its source (``credential_source``). Each is refused before any request, naming the
+    profile; a listener named as the endpoint sees no connection."""
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".aws").mkdir()
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    role = "role_arn = arn:aws:iam::123456789012:role/r\n"
+    config = {
+        "services": f"[default]\n{role}source_profile = src\nservices = s\n\n"
+        f"[services s]\nsts =\n  endpoint_url = {url}\n\n[profile src]\nregion = us-east-1\n",
+        "source_profile": f"[default]\n{role}source_profile = src\n\n"
+        f"[profile src]\nregion = us-east-1\nendpoint_url = {url}\n",
+        "credential_source": f"[default]\n{role}credential_source = Ec2InstanceMetadata\n",
+    }[route]
+    (tmp_path / ".aws" / "config").write_text(config)
+    (tmp_path / ".aws" / "credentials").write_text(
+        "[src]\naws_access_key_id = AKIAEXAMPLE\naws_secret_access_key = secret\n"
+    )
+    (tmp_path / "f").write_text("data")
+    said = {
+        "services": r"S3 endpoint .* \(sts endpoint_url of \[services s\] of \[default\]",
+        "source_profile": r"S3 endpoint .* \(endpoint_url of \[profile src\]",
+        "credential_source": r"credential_source = Ec2InstanceMetadata in \[default\]",
+    }[route]
+    try:
+        with pytest.raises(TransferError, match=said):
+            run(
+                str(tmp_path / "f"),
+                f"s3://{bucket}/f",
+                endpoint,
+                ex={"s3": {"endpoint_url": endpoint}},
+            )
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    finally:
+        listener.close()
+
+
 def test_endpoint_unreachable_is_transient_and_named(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -289,6 +289,8 @@ def _make_filesystem(mover: _S3Mover) -> Any:
         for name in ("iam-role", "container-role"):
             resolver.remove(name)
         scoped = session.get_scoped_config()
+        if mover.profile or not mover._creds:  # botocore's chain: the user's own config
+            _check_profile_chain(settings, session.full_config, mover.profile or "default")
     except bx.ProfileNotFound as exc:
         raise translate(exc, mover.url, mover.who, settings.endpoint_url) from None
     except bx.BotoCoreError as exc:
@@ -327,6 +329,38 @@ def _make_filesystem(mover: _S3Mover) -> Any:
         use_listings_cache=False,
         cache_regions=False,
     )
+
+
+def _check_profile_chain(settings: S3Settings, config: dict[str, Any], profile: str) -> None:
+    """Refuse a user's profile whose credentials would make the transfer node reach an
+    endpoint the site has not allowed, or take the host's own role, before any request:
+    botocore gives every client a profile makes (STS's, to assume a role) the profile's
+    ``endpoint_url`` and its ``services`` section's, and the profiles it takes its
+    credentials from (``source_profile``) their own; ``credential_source`` names the host's
+    instance or container role (and IMDS at ``ec2_metadata_service_endpoint``)."""
+    profiles, services = config.get("profiles", {}), config.get("services", {})
+    name: str | None = profile
+    seen: set[str] = set()
+    while name is not None and name not in seen:
+        seen.add(name)
+        scoped = profiles.get(name, {})
+        where = f"[{'default' if name == 'default' else 'profile ' + name}] in ~/.aws/config"
+        source = scoped.get("credential_source")
+        if source in ("Ec2InstanceMetadata", "EcsContainer"):
+            raise TransferError(
+                f"credential_source = {source} in {where} of user {_user()}: the host's own"
+                " role is never used for a user's transfer; use your own keys"
+            )
+        found = [("endpoint_url", scoped.get("endpoint_url"))]
+        section = scoped.get("services")
+        for service, values in (services.get(section) or {}).items():
+            if isinstance(values, dict):
+                key = f"{service} endpoint_url of [services {section}]"
+                found.append((key, values.get("endpoint_url")))
+        for key, url in found:
+            if url:
+                check_endpoint(settings, url, f"{key} of {where} of user {_user()}")
+        name = scoped.get("source_profile")
 
 
 async def _first_failure(tasks: list[asyncio.Future[Any]]) -> None:
