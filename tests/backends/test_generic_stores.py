@@ -564,6 +564,56 @@ def test_google_credentials_that_name_another_host_never_reach_it(
     assert not seen, "a host the user's credentials named was reached"
 
 
+def test_a_user_without_google_credentials_is_anonymous_never_the_hosts_account(
+    stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """google-auth's default chain ends at the host's own service account (GCE's metadata
+    server) when the user has no credentials file: a user's transfer is anonymous then
+    (public buckets; the emulator's), and the metadata server is never asked; with a file,
+    its credentials, loaded from it alone. (The host here is faked on GCE.)"""
+    import json
+
+    from google.auth.compute_engine import _metadata
+    from google.auth.exceptions import TransportError
+
+    from bbstage import movers
+
+    asked: list[object] = []
+    monkeypatch.setattr(_metadata, "is_on_gce", lambda *a, **k: asked.append(a) or True)
+    monkeypatch.setattr(_metadata, "ping", lambda *a, **k: asked.append(a) or True)
+
+    def get(*a: Any, **k: Any) -> Any:  # the host's token: refused at once, not waited for
+        asked.append(a)
+        raise TransportError("the fake host's metadata server")
+
+    monkeypatch.setattr(_metadata, "get", get)
+    home = user_home(tmp_path, monkeypatch)
+    gen = open_store(
+        "gs",
+        stores_env,
+        StoreOptions({"endpoint_url": stores_env["BBSTAGE_GS_ENDPOINT"], "anonymous": "true"}),
+    )
+    store = next(gen)
+    try:
+        store.put("x", b"public")
+        options = StoreOptions({"endpoint_url": stores_env["BBSTAGE_GS_ENDPOINT"]})
+        own = Store("gs", store.url(""), options, None)
+        events = BackendSuite().run(own, store.url("x"), str(tmp_path / "x"))
+        assert isinstance(events[-1], Done), events[-1]
+        assert (tmp_path / "x").read_bytes() == b"public"
+        gs = movers.backend("gs")
+        assert gs.filesystem(options, store.url("x")).credentials.method == "anon"
+        adc = home / ".config/gcloud/application_default_credentials.json"
+        adc.parent.mkdir(parents=True)
+        adc.write_text(json.dumps({"type": "authorized_user", "client_id": "c",
+                                   "client_secret": "s", "refresh_token": "r"}))  # fmt: skip
+        fs = gs.filesystem(options, store.url("x"))
+        assert fs.credentials.credentials.refresh_token == "r"
+        assert not asked, "the host's metadata server was asked"
+    finally:
+        next(gen, None)
+
+
 def test_https_reads_go_through_no_proxy_the_environment_names(
     stores_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

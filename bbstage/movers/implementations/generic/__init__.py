@@ -328,31 +328,64 @@ class GCSBackend(StoreBackend):
 
         settings = options.settings if isinstance(options, StoreOptions) else {}
         args = cls.kwargs(settings, url)
-        if args["token"] is None:  # the user's application default credentials
-            check_google_credentials(os.path.join(os.path.expanduser("~"), GOOGLE_ADC))
+        if args["token"] is None:
+            args["token"] = user_google_credentials()
         return GCSFileSystem(skip_instance_cache=True, **args)
 
 
 GOOGLE_ADC = ".config/gcloud/application_default_credentials.json"  # under the user's home
+
+
+def user_google_credentials() -> Any:
+    """The user's own application default credentials (``~/GOOGLE_ADC``), their URLs
+    checked (``check_google_credentials``), loaded by google-auth's loader of their type:
+    a user's (``gcloud auth application-default login``) or a service account's key; no
+    other type (an external account's names a URL or a program to ask, google-auth warns
+    against loading them unchecked). No file: anonymous ("anon"), public buckets only.
+    Never google-auth's whole default chain, which ends at the host's own service account
+    (GCE's metadata server) when the user has no file."""
+    from google.oauth2 import credentials as user
+    from google.oauth2 import service_account
+
+    path = os.path.join(os.path.expanduser("~"), GOOGLE_ADC)
+    info = check_google_credentials(path)
+    if info is None:
+        return "anon"
+    kind = info.get("type") if isinstance(info, dict) else None
+    try:
+        if kind == "authorized_user":  # (no scopes: the login granted them)
+            return user.Credentials.from_authorized_user_info(info)
+        if kind == "service_account":
+            return service_account.Credentials.from_service_account_info(
+                info, scopes=[GOOGLE_SCOPE]
+            )
+    except ValueError as exc:
+        raise TransferError(f"{path}: not usable as Google credentials ({exc})") from None
+    raise TransferError(
+        f"{path}: credentials of type {kind!r} are not used here: use gcloud auth"
+        " application-default login, or a service account's key"
+    )
+
+
+GOOGLE_SCOPE = "https://www.googleapis.com/auth/devstorage.full_control"  # gcsfs's own
 # the hosts Google's credentials send a token request to, or name (https only)
 GOOGLE_HOSTS = (".googleapis.com", ".google.com")
 
 
-def check_google_credentials(path: str) -> None:
+def check_google_credentials(path: str) -> Any:
     """Refuse application default credentials (``path``, the user's own) that name a URL
     other than Google's over https: google-auth sends a request to the URLs the file names
     (``token_uri`` with the refresh token, ``token_url``, an external account's
     ``credential_source`` ``url``, an impersonation URL), so a user's file could make a
     transfer node reach any host and port it can (a management network, 127.0.0.1).
-    Checked before any request is made; no file, nothing to check (gcsfs then finds
-    none)."""
+    Checked before any request is made. The file's JSON; None if there is none."""
     import json
 
     try:
         with open(path, "rb") as f:
             info = json.load(f)
     except FileNotFoundError:
-        return
+        return None
     except (OSError, ValueError) as exc:
         raise TransferError(f"{path}: not readable as Google credentials ({exc})") from None
     found: list[tuple[str, Any]] = [("", info)]  # (its key, dotted; a value)
@@ -378,6 +411,7 @@ def check_google_credentials(path: str) -> None:
                     " the transfer node would send your credentials there (use credentials"
                     " from gcloud auth application-default login)"
                 )
+    return info
 
 
 AZURE_CONNECTION = ".config/bbstage/azure-connection-string"  # under the user's home
