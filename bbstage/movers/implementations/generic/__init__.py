@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 from bbstage.movers.backends import Backend, Into, UrlRule, at_once
 from bbstage.movers.base import BackendOptions, TransferError
-from bbstage.movers.implementations.endpoints import endpoint_of
+from bbstage.movers.implementations.endpoints import allows, endpoint_list, endpoint_of
 from bbstage.movers.implementations.generic.httpget import (
     VERSIONS,
     BlockingClient,
@@ -396,18 +396,15 @@ def check_google_credentials(path: str) -> Any:
         elif isinstance(value, list):
             found.extend((key, v) for v in value)
         elif isinstance(value, str) and "://" in value:
-            url = urllib.parse.urlsplit(value.strip())
             try:
-                port = url.port or (443 if url.scheme == "https" else 80)
-                host = f"{(url.hostname or '').lower()}:{port}"
+                scheme, host, port = endpoint_of(value.strip())
+                named = f"{scheme}://{host}:{port}"
             except ValueError:
-                host = "?"
-            if url.scheme != "https" or not (
-                host.endswith(tuple(f"{h}:443" for h in GOOGLE_HOSTS))
-                or f".{host}" in (f"{h}:443" for h in GOOGLE_HOSTS)
-            ):
+                scheme, host, port = "", "", 0
+                named = f"{value.partition('://')[0]}://?"
+            if not (scheme == "https" and port == 443 and f".{host}".endswith(GOOGLE_HOSTS)):
                 raise TransferError(
-                    f"{path}: {key} names {url.scheme}://{host}, not Google's over https:"
+                    f"{path}: {key} names {named}, not Google's over https:"
                     " the transfer node would send your credentials there (use credentials"
                     " from gcloud auth application-default login)"
                 )
@@ -473,16 +470,10 @@ class AzureBackend(StoreBackend):
 
     @classmethod
     def check_settings(cls, raw: dict[str, Any]) -> None:
-        if not isinstance(raw.get("allowed_endpoints", []), list):
-            raise TransferError(
-                f"daemon config [az] allowed_endpoints: {raw['allowed_endpoints']!r} is not a"
-                ' list (write ["https://host", "http://host:port"])'
-            )
-        for entry in raw.get("allowed_endpoints", []):
-            try:
-                endpoint_of(entry)
-            except ValueError as exc:
-                raise TransferError(f"daemon config [az] allowed_endpoints: {exc}") from None
+        try:
+            endpoint_list(raw.get("allowed_endpoints", []))
+        except ValueError as exc:
+            raise TransferError(f"daemon config [az] allowed_endpoints: {exc}") from None
         super().check_settings({k: v for k, v in raw.items() if k != "allowed_endpoints"})
 
     @classmethod
@@ -494,18 +485,10 @@ class AzureBackend(StoreBackend):
         national clouds'), and each of ``[az] allowed_endpoints`` (``host:port`` means
         https; an ``http://`` endpoint only when listed as such). Checked before any
         request is made."""
-        allowed = {endpoint_of(e) for e in settings.get("allowed_endpoints", [])}
+        entries = settings.get("allowed_endpoints", [])
         for host in (service.primary_hostname, service.secondary_hostname):
-            if not host:
-                continue
-            url = f"{service.scheme}://{host}"
-            try:
-                wanted = endpoint_of(url)  # (Azurite's names the account after a "/")
-            except ValueError:
-                wanted = ("", "", 0)
-            if wanted[0] == "https" and wanted[1].endswith(AZURE_DOMAINS):
-                continue
-            if wanted not in allowed:
+            url = f"{service.scheme}://{host}"  # (Azurite's names the account after a "/")
+            if host and not allows(entries, url, AZURE_DOMAINS):
                 raise TransferError(
                     f"Azure endpoint {url} (the connection string in ~/{AZURE_CONNECTION})"
                     " is not allowed on this site: the administrator may add it to [az]"

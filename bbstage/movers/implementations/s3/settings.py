@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 
 from bbstage.movers.base import BackendOptions, TransferError
-from bbstage.movers.implementations.endpoints import endpoint_of
+from bbstage.movers.implementations.endpoints import allows, endpoint_list, endpoint_of
 from bbstage.transfer import retrying
 from bbstage.units import parse_size
 
@@ -88,11 +88,7 @@ class S3Settings:
                         raise ValueError("use path, virtual or auto")
                     kwargs[key] = value
                 elif key == "allowed_endpoints":
-                    if not isinstance(value, list):
-                        raise ValueError(f"{value!r}: use a list of URLs or host:port")
-                    for each in value:
-                        endpoint_of(each)  # ValueError if it is not one
-                    kwargs[key] = tuple(value)
+                    kwargs[key] = endpoint_list(value)
                 elif key == "endpoint_url":
                     if value:
                         endpoint_of(value)
@@ -117,16 +113,11 @@ def check_endpoint(settings: S3Settings, endpoint: str, whose: str) -> None:
     Allowed: ``[s3] endpoint_url``; each of ``[s3] allowed_endpoints`` (``host:port`` means
     https; an ``http://`` endpoint only when listed as such); and, where ``[s3] endpoint_url``
     is unset, AWS's own https endpoints (``*.amazonaws.com``)."""
-    try:
-        wanted = endpoint_of(endpoint)
-    except ValueError:
-        wanted = ("", "", 0)
-    allowed = {endpoint_of(e) for e in settings.allowed_endpoints}
-    if settings.endpoint_url:
-        allowed.add(endpoint_of(settings.endpoint_url))
-    elif wanted[0] == "https" and wanted[1].endswith((".amazonaws.com", ".amazonaws.com.cn")):
-        return
-    if wanted not in allowed:
+    entries = [*settings.allowed_endpoints]
+    own: tuple[str, ...] = (".amazonaws.com", ".amazonaws.com.cn")
+    if settings.endpoint_url:  # a site's own endpoint: AWS's are not allowed besides it
+        entries, own = [*entries, settings.endpoint_url], ()
+    if not allows(entries, endpoint, own):
         raise TransferError(
             f"S3 endpoint {endpoint} ({whose}) is not allowed on this site: the"
             " administrator may add it to [s3] allowed_endpoints in the daemon config"
