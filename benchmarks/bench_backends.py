@@ -33,7 +33,7 @@ from bbstage.bench.cache import can_drop_caches, settle
 from bbstage.movers.implementations.generic import StoreOptions
 from bbstage.transfer import Done, TransferSpec, worker
 from bbstage.units import parse_size
-from tests.backends.stores import LOCAL_STORES, open_store
+from tests.backends.stores import LOCAL_STORES, azure_account, open_store
 from tests.s3env import parse_exports
 
 
@@ -41,7 +41,7 @@ def rclone_remote(
     kind: str, env: dict[str, str], home: Path
 ) -> tuple[dict[str, str], str, list[str]]:
     """rclone's environment, the remote's name and extra flags for ``kind``'s server."""
-    conn = dict(p.split("=", 1) for p in env["BBSTAGE_AZ_CONNECTION"].strip(";").split(";"))
+    conn = azure_account(env["BBSTAGE_AZ_CONNECTION"])
     base = "RCLONE_CONFIG_BB_"
     if kind == "gs":
         cfg = {"TYPE": "google cloud storage", "ANONYMOUS": "true",

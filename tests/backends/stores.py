@@ -115,6 +115,11 @@ def fresh() -> str:
     return f"t-{uuid.uuid4().hex[:12]}/"
 
 
+def azure_account(connection: str) -> dict[str, str]:
+    """A connection string's fields (``AccountName``, ``AccountKey``, ``BlobEndpoint``...)."""
+    return dict(p.split("=", 1) for p in connection.strip().strip(";").split(";"))
+
+
 def allow_local(kind: str, env: dict[str, str], options: BackendOptions | None) -> Any:
     """``options`` with the local server in ``allowed_hosts`` where ``kind``'s URLs name the
     host to reach (https, sftp), in ``allowed_endpoints`` where the user's credentials do
@@ -125,7 +130,7 @@ def allow_local(kind: str, env: dict[str, str], options: BackendOptions | None) 
     if kind in ("az", "abfs") and isinstance(options, StoreOptions):
         if "allowed_endpoints" in options.settings:
             return options
-        conn = dict(p.split("=", 1) for p in env["BBSTAGE_AZ_CONNECTION"].strip(";").split(";"))
+        conn = azure_account(env["BBSTAGE_AZ_CONNECTION"])
         return StoreOptions({**options.settings, "allowed_endpoints": [conn["BlobEndpoint"]]})
 
     port = {"https": env["BBSTAGE_HTTPS_URL"].rsplit(":", 1)[-1]}.get(kind)

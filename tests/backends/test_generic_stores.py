@@ -20,7 +20,14 @@ from bbstage.movers.base import TransferError
 from bbstage.movers.implementations.generic import StoreOptions
 from bbstage.transfer import Done, Failed, TransferSpec
 from tests.backends.abstract import ODD, BackendSuite
-from tests.backends.stores import Store, allow_local, open_store, stores_env, user_home
+from tests.backends.stores import (
+    Store,
+    allow_local,
+    azure_account,
+    open_store,
+    stores_env,
+    user_home,
+)
 
 __all__ = ["stores_env"]  # the session fixture, registered here
 
@@ -470,7 +477,7 @@ def test_an_azure_endpoint_the_site_has_not_allowed_is_never_reached(
 
     home = user_home(tmp_path, monkeypatch)
     conn = home / ".config/bbstage/azure-connection-string"
-    key = dict(p.split("=", 1) for p in conn.read_text().strip().strip(";").split(";"))
+    key = azure_account(conn.read_text())
 
     def point_at(endpoint: str) -> None:
         conn.write_text(
@@ -1458,7 +1465,7 @@ def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_na
 
         sig = urllib.parse.parse_qs(query)["sig"][0]
         connection = stores_env["BBSTAGE_AZ_CONNECTION"]
-        account = dict(p.split("=", 1) for p in connection.strip(";").split(";"))
+        account = azure_account(connection)
         key = account["AccountKey"]
         wrong_key = connection.replace(key, "d3Jvbmc=" + key[8:])
         for read in (
