@@ -63,6 +63,20 @@ def not_a_file(path: str) -> TransferError:
     )
 
 
+def safe_rel(rel: str, url: str) -> str:
+    """``rel``, the path below a tree's source of a file a store listed (``url``), refused
+    if it is not a safe relative path: led by ``/``, or with a component that is empty,
+    ``.`` or ``..``. A store's names are its own (a key, a blob's name, a server's index),
+    and ``a/../../x`` would land outside the destination."""
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise TransferError(
+            f"refusing to stage {url}: its name is not a safe relative path ({rel!r}), it"
+            " would land outside the destination"
+        )
+    return rel
+
+
 @dataclass(frozen=True)
 class FileTask:
     """One entry of a plan: copy ``src`` to ``dst``."""

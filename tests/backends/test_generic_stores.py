@@ -392,6 +392,52 @@ def test_an_https_tree_whose_indexes_have_no_end_fails_bounded(
         assert not out.exists() or not any(out.iterdir())
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["a/../../escaped", "%2e%2e/escaped", "/t/../escaped"],
+    ids=["dot-dot", "encoded-dot-dot", "absolute"],
+)
+def test_a_name_a_store_lists_that_leads_out_of_the_destination_is_refused(
+    name: str, stores_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A tree's listing names a file whose name leads out of the destination: a link of a
+    server's index (a careless or hostile site: ``..`` plain, percent-encoded, or in an
+    absolute link). The transfer fails, permanently, naming it, before a byte is written:
+    nothing lands outside the destination, nor in it. The rule is the generic mover's, for
+    every store's names (an S3 key's: ``test_unsafe_keys_are_refused``); the local stores
+    hold no such name (Azure's URLs resolve dot segments, the GCS emulator refuses them)."""
+    import http.server as http_server
+
+    out = tmp_path / "deep" / "out"
+    out.parent.mkdir()
+    www = tmp_path / "www"
+    (www / "t").mkdir(parents=True)
+    for path in ("t/ok", "t/escaped", "escaped"):
+        (www / path).write_bytes(b"hostile")
+
+    def do_GET(self: Any) -> None:  # noqa: N802 - http.server's name
+        if self.path != "/t/":
+            http_server.SimpleHTTPRequestHandler.do_GET(self)
+            return
+        body = f'<a href="ok">ok</a>\n<a href="{name}">x</a>\n'.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    with _tls_server(stores_env, www, do_GET=do_GET) as port:
+        url = f"https://127.0.0.1:{port}/t/"
+        ca = {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]}
+        options = StoreOptions({**ca, "allowed_hosts": [f"127.0.0.1:{port}"]})
+        spec = TransferSpec.between(url, f"{out}/", job_id="t", source_options=options)
+        events = _run(spec)
+    assert isinstance(events[-1], Failed), events[-1]
+    assert "not a safe relative path" in events[-1].message, events[-1].message
+    assert not [p for p in tmp_path.rglob("*") if p.name == "escaped" and "www" not in p.parts]
+    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
+
+
 @contextlib.contextmanager
 def _listener(host: str, port: int = 0) -> Iterator[tuple[int, list[object]]]:
     """A TCP listener (its port, and the connections it saw): each connection is closed at

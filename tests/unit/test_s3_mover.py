@@ -18,8 +18,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from bbstage.movers import FileTask, MoverOptions, TransferError
+from bbstage.movers.base import safe_rel
 from bbstage.movers.implementations import s3 as s3m
-from bbstage.movers.implementations.s3.download import _safe_rel
 from bbstage.movers.implementations.s3.settings import S3Options
 from bbstage.transfer import Done, Failed, FileRange, Planned, TransferSpec, worker
 from tests.helpers import Conn, file_digest, run_worker, s3_sides
@@ -455,8 +455,8 @@ class _NoProgress:
 def test_unsafe_keys_are_refused() -> None:
     for rel in ["../x", "a/../../x", "/abs", "a//b", "./a"]:
         with pytest.raises(TransferError, match="not a safe relative path"):
-            _safe_rel(rel, "s3://b/p/" + rel)
-    assert _safe_rel("a/b.c", "s3://b/p/a/b.c") == "a/b.c"
+            safe_rel(rel, "s3://b/p/" + rel)
+    assert safe_rel("a/b.c", "s3://b/p/a/b.c") == "a/b.c"
 
 
 def client_error(code: str, status: int) -> ClientError:

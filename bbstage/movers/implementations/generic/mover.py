@@ -22,6 +22,7 @@ from bbstage.movers.base import (
     not_a_file,
     not_a_tree,
     os_error,
+    safe_rel,
 )
 from bbstage.movers.implementations.generic.errors import translate
 from bbstage.movers.implementations.generic.side import Side, mtime_ns
@@ -72,7 +73,9 @@ class GenericMover(Mover):
                 found = fs.glob(root, detail=True)
                 tasks = [
                     self._task(
-                        backend.unstrip(src, p), dst.rstrip("/") + "/" + p.rsplit("/", 1)[-1], i
+                        backend.unstrip(src, p),
+                        dst.rstrip("/") + "/" + safe_rel(p.rsplit("/", 1)[-1], src),
+                        i,
                     )
                     for p, i in sorted(found.items())
                     if i.get("type") != "directory"
@@ -113,7 +116,9 @@ class GenericMover(Mover):
             if not path.startswith(top) or path == top:
                 continue
             rel = path[len(top) :]
-            target = dst.rstrip("/") + "/" + self.src.backend.name_of(rel)
+            backend = self.src.backend
+            name = safe_rel(backend.name_of(rel).rstrip("/"), backend.unstrip(src, path))
+            target = dst.rstrip("/") + "/" + name
             if info.get("type") == "directory" or wanted(target):
                 below.append((path, rel, info, target))
         unsized = [

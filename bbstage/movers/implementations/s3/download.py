@@ -13,7 +13,14 @@ from typing import Any
 
 from bbstage import counts
 from bbstage.movers import checksum, localfs
-from bbstage.movers.base import FileTask, Progress, TransferError, not_a_tree, os_error
+from bbstage.movers.base import (
+    FileTask,
+    Progress,
+    TransferError,
+    not_a_tree,
+    os_error,
+    safe_rel,
+)
 from bbstage.movers.implementations.s3.common import (
     _Counted,
     _first_failure,
@@ -30,16 +37,6 @@ _READ = 1 * MiB  # bytes asked of the socket per read when streaming a download
 # Bytes per write to the local file: on ext4 (Linux 6.18) a write of 512 KiB or more cost
 # about 5x the CPU of 256 KiB ones (1 GiB: 1.3 s against 0.25 s; docs/performance.md).
 _WRITE = 256 << 10
-
-
-def _safe_rel(rel: str, url: str) -> str:
-    """A key's path below the prefix, refused if it would escape the destination."""
-    parts = rel.split("/")
-    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise TransferError(
-            f"refusing to stage {url}: its key is not a safe relative path ({rel!r})"
-        )
-    return rel
 
 
 class S3Download(_S3Mover):
@@ -117,7 +114,7 @@ class S3Download(_S3Mover):
                 rel = posixpath.basename(head) + key[len(head) :]
             if key.endswith("/"):
                 continue
-            rel = _safe_rel(rel, f"s3://{bucket}/{key}")
+            rel = safe_rel(rel, f"s3://{bucket}/{key}")
             target = posixpath.join(dst, rel)
             dirs.update(_parents(rel, dst))
             tasks.append(
@@ -140,10 +137,10 @@ class S3Download(_S3Mover):
                 url, rel = f"s3://{bucket}/{key}", key[len(prefix) :]
                 if key.endswith("/"):  # a "directory marker" object
                     if rel.strip("/"):
-                        path = posixpath.join(dst, _safe_rel(rel.rstrip("/"), url))
+                        path = posixpath.join(dst, safe_rel(rel.rstrip("/"), url))
                         yield from self._dirs(made, path)
                     continue
-                target = posixpath.join(dst, _safe_rel(rel, url))
+                target = posixpath.join(dst, safe_rel(rel, url))
                 yield from self._dirs(made, posixpath.dirname(target))
                 yield self._file(url, target, obj["Size"], obj["LastModified"])
             token = page.get("NextContinuationToken")
