@@ -205,6 +205,7 @@ def main() -> None:
                             "seconds": min(t),
                             "mb_per_s": nbytes / min(t) / 1e6,
                             "cpu_seconds": cpu[who][t.index(min(t))],
+                            "rounds": [round(x, 4) for x in t],  # every run's seconds
                         }  # fmt: skip
                         if t
                         else {"error": errors.get(who, "?")}
