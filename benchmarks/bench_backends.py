@@ -139,108 +139,101 @@ def main() -> None:
                 store.fs.put(str(src / "big.dat"), strip(store.url("big.dat")))
                 store.fs.put(str(src / "small"), strip(store.url("small")), recursive=True)
             rc_env, _, flags = rclone_remote(kind, env, home)
-            # the downloads first: a store reclaiming the uploads' deleted data (Azurite:
-            # GBs of extents, on the disk the copies write to) slowed whichever client's
-            # rounds of the downloads after them (1 GiB from Azurite: 1.1-3.0 s, 1.0-1.5 s
-            # from a store that had taken no upload)
-            for direction, case, local, tree in [
-                (way, case, local, tree)
-                for way in (("down", "up") if kind != "https" else ("down",))
-                for case, local, tree in [
-                    ("big", src / "big.dat", False),
-                    ("small", src / "small", True),
-                ]
+            for case, local, tree in [
+                ("big", src / "big.dat", False),
+                ("small", src / "small", True),
             ]:
                 remote_src = store.url("big.dat" if case == "big" else "small/")
-                times: dict[str, list[float]] = {"bbstage": [], "rclone": [], "fsspec": []}
-                cpu: dict[str, list[float]] = {who: [] for who in times}
-                errors: dict[str, str] = {}
-                # each run's ratio (the two timed in the same rotation): the machine's
-                # speed drifts between runs (the CPU seconds of one copy vary 2-5x), and
-                # the best of each can pair a fast phase of one with a slow one of the other
-                paired: list[float] = []
-                # each case from an emptied page cache, its data read once untimed (by
-                # bbstage: it also warms what a worker's forkserver preloads): on this
-                # VM a full page cache put the kernel's reclaim into whichever copy wrote
-                # next (1 GiB over HTTPS: 1-2 s of system CPU against 0.5 s)
-                settle("drop" if can_drop_caches() else "warm")
-                out = outs / "warm-up"
-                out.mkdir()
-                target = store.url(f"warm-up/{'big.dat' if case == 'big' else 'small/'}")
-                a, b = (
-                    (str(local) + ("/" if tree else ""), target)
-                    if direction == "up"
-                    else (remote_src, str(out) + ("/" if tree else "/big.dat"))
-                )
-                run("bbstage", kind, a, b, tree, store, rclone, rc_env, flags)
-                shutil.rmtree(out)
-                if direction == "up":
-                    remove(store, kind, target)
-                for rep in range(args.repeat):
-                    ran: dict[str, float] = {}
-                    for who in common.rotate(list(times), rep):
-                        out = outs / f"out-{uuid.uuid4().hex[:6]}"
-                        name = "big.dat" if case == "big" else "small/"
-                        target = store.url(f"up-{who}-{rep}/{name}")
-                        if direction == "up":
-                            a, b = str(local) + ("/" if tree else ""), target
-                        else:
-                            a, b = remote_src, str(out) + ("/" if tree else "/big.dat")
-                            out.mkdir()
-                        os.sync()  # untimed: the last copy's dirty pages not in this one
-                        try:
-                            seconds, used = run(who, kind, a, b, tree, store, rclone, rc_env, flags)
-                            times[who].append(seconds)
-                            cpu[who].append(used)
-                            ran[who] = seconds
-                        except subprocess.CalledProcessError as exc:  # the peer cannot
-                            errors[who] = (exc.stderr or b"").decode()[-300:].strip()
-                        except Exception as exc:  # fsspec's own get/put cannot
-                            if who == "bbstage":
-                                raise
-                            errors[who] = f"{type(exc).__name__}: {exc}"[:300]
-                        shutil.rmtree(out, ignore_errors=True)
-                        if direction == "up":  # untimed: the store as big as before
-                            remove(store, kind, target)
-                    if "rclone" in ran and "bbstage" in ran:
-                        paired.append(ran["rclone"] / ran["bbstage"])
-                nbytes = big if case == "big" else small * args.files
-                row: dict[str, Any] = {
-                    who: {
-                        "seconds": min(t),
-                        "mb_per_s": nbytes / min(t) / 1e6,
-                        "cpu_seconds": cpu[who][t.index(min(t))],
-                        "rounds": [round(x, 4) for x in t],  # every run's seconds
-                    }  # fmt: skip
-                    if t
-                    else {"error": errors.get(who, "?")}
-                    for who, t in times.items()
-                }
-                ok = times["rclone"] and times["bbstage"]
-                row["ratio_rclone"] = min(times["rclone"]) / min(times["bbstage"]) if ok else None
-                row["ratio_rclone_median"] = statistics.median(paired) if paired else None
-                results[f"{kind}/{case}/{direction}"] = row
-                rates = {
-                    k: round(v.get("mb_per_s", 0), 1) for k, v in row.items() if isinstance(v, dict)
-                }
-                used = {
-                    k: round(v["cpu_seconds"], 2)
-                    for k, v in row.items()
-                    if isinstance(v, dict) and "cpu_seconds" in v
-                }
-                print(kind, case, direction, rates, "cpu s:", used, "x rclone:",
-                      row["ratio_rclone"], "run by run:", row["ratio_rclone_median"],
-                      flush=True)  # fmt: skip
+                for direction in ("up", "down") if kind != "https" else ("down",):
+                    times: dict[str, list[float]] = {"bbstage": [], "rclone": [], "fsspec": []}
+                    cpu: dict[str, list[float]] = {who: [] for who in times}
+                    errors: dict[str, str] = {}
+                    # each run's ratio (the two timed in the same rotation): the machine's
+                    # speed drifts between runs (the CPU seconds of one copy vary 2-5x), and
+                    # the best of each can pair a fast phase of one with a slow one of the other
+                    paired: list[float] = []
+                    # each case from an emptied page cache, its data read once untimed (by
+                    # bbstage: it also warms what a worker's forkserver preloads): on this
+                    # VM a full page cache put the kernel's reclaim into whichever copy wrote
+                    # next (1 GiB over HTTPS: 1-2 s of system CPU against 0.5 s)
+                    settle("drop" if can_drop_caches() else "warm")
+                    out = outs / "warm-up"
+                    out.mkdir()
+                    target = store.url(f"warm-up/{'big.dat' if case == 'big' else 'small/'}")
+                    a, b = (
+                        (str(local) + ("/" if tree else ""), target)
+                        if direction == "up"
+                        else (remote_src, str(out) + ("/" if tree else "/big.dat"))
+                    )
+                    run("bbstage", kind, a, b, tree, store, rclone, rc_env, flags)
+                    shutil.rmtree(out)
+                    if direction == "up":
+                        remove(store, kind, target)
+                    for rep in range(args.repeat):
+                        ran: dict[str, float] = {}
+                        for who in common.rotate(list(times), rep):
+                            out = outs / f"out-{uuid.uuid4().hex[:6]}"
+                            name = "big.dat" if case == "big" else "small/"
+                            target = store.url(f"up-{who}-{rep}/{name}")
+                            if direction == "up":
+                                a, b = str(local) + ("/" if tree else ""), target
+                            else:
+                                a, b = remote_src, str(out) + ("/" if tree else "/big.dat")
+                                out.mkdir()
+                            os.sync()  # untimed: the last copy's dirty pages not in this one
+                            try:
+                                seconds, used = run(
+                                    who, kind, a, b, tree, store, rclone, rc_env, flags
+                                )
+                                times[who].append(seconds)
+                                cpu[who].append(used)
+                                ran[who] = seconds
+                            except subprocess.CalledProcessError as exc:  # the peer cannot
+                                errors[who] = (exc.stderr or b"").decode()[-300:].strip()
+                            except Exception as exc:  # fsspec's own get/put cannot
+                                if who == "bbstage":
+                                    raise
+                                errors[who] = f"{type(exc).__name__}: {exc}"[:300]
+                            shutil.rmtree(out, ignore_errors=True)
+                            if direction == "up":  # untimed: the store as big as before
+                                remove(store, kind, target)
+                        if "rclone" in ran and "bbstage" in ran:
+                            paired.append(ran["rclone"] / ran["bbstage"])
+                    nbytes = big if case == "big" else small * args.files
+                    row: dict[str, Any] = {
+                        who: {
+                            "seconds": min(t),
+                            "mb_per_s": nbytes / min(t) / 1e6,
+                            "cpu_seconds": cpu[who][t.index(min(t))],
+                            "rounds": [round(x, 4) for x in t],  # every run's seconds
+                        }  # fmt: skip
+                        if t
+                        else {"error": errors.get(who, "?")}
+                        for who, t in times.items()
+                    }
+                    ok = times["rclone"] and times["bbstage"]
+                    row["ratio_rclone"] = (
+                        min(times["rclone"]) / min(times["bbstage"]) if ok else None
+                    )
+                    row["ratio_rclone_median"] = statistics.median(paired) if paired else None
+                    results[f"{kind}/{case}/{direction}"] = row
+                    rates = {
+                        k: round(v.get("mb_per_s", 0), 1)
+                        for k, v in row.items()
+                        if isinstance(v, dict)
+                    }
+                    used = {
+                        k: round(v["cpu_seconds"], 2)
+                        for k, v in row.items()
+                        if isinstance(v, dict) and "cpu_seconds" in v
+                    }
+                    print(kind, case, direction, rates, "cpu s:", used, "x rclone:",
+                          row["ratio_rclone"], "run by run:", row["ratio_rclone_median"],
+                          flush=True)  # fmt: skip
             next(gen, None)
     finally:
         outputs.close()
         shutil.rmtree(work, ignore_errors=True)
-    kinds = args.kinds.split(",")  # the table as before: each store's rows, up then down
-    results = {
-        k: results[k]
-        for k in sorted(results, key=lambda k: (kinds.index(k.split("/")[0]), k.split("/")[1],
-                                                k.endswith("/down")))
-    }  # fmt: skip
     common.save_result(
         args.name,
         {"environment": common.environment(big=big, files=args.files, file_size=small,
