@@ -141,6 +141,19 @@ class BackendSuite:
         assert got == bodies
         assert done.files == len(bodies)
 
+    def test_wildcard_in(self, store: Store, tmp_path: Path) -> None:
+        """A wildcard source: each file it matches, whole (its size as the store tells it,
+        asked where a listing has none, never taken for 0), by its own name (an odd one),
+        into the destination directory; a file it does not match is left."""
+        bodies = {"a.dat": self.data(3000, 1), f"{self.odd}.dat": self.data(70_000, 2)}
+        for name, body in bodies.items():
+            store.put(f"w/{name}", body)
+        store.put("w/skip.txt", b"not matched")
+        out = tmp_path / "w"
+        done = self.done(self.run(store, store.root + "w/*.dat", f"{out}/", glob=True))
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == bodies
+        assert done.files == 2
+
     def test_tree_out(self, store: Store, tmp_path: Path) -> None:
         if not self.writable(store, tmp_path):
             return

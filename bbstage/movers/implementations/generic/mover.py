@@ -71,18 +71,10 @@ class GenericMover(Mover):
         try:
             if glob:
                 found = fs.glob(root, detail=True)
-                tasks = [
-                    self._task(
-                        backend.unstrip(src, p),
-                        dst.rstrip("/") + "/" + safe_rel(p.rsplit("/", 1)[-1], src),
-                        i,
-                    )
-                    for p, i in sorted(found.items())
-                    if i.get("type") != "directory"
-                ]
-                if not tasks:
+                files = [(p, i) for p, i in sorted(found.items()) if i.get("type") != "directory"]
+                if not files:
                     raise TransferError(f"no such file or directory: nothing matches {src}")
-                return iter(tasks)
+                return self._matches(src, dst, files)
             if not tree:
                 info = backend.info(fs, root)
                 if info.get("type") == "directory":
@@ -134,6 +126,22 @@ class GenericMover(Mover):
                     yield FileTask(src + rel, target, "dir", mode=DIR_MODE)
                 continue
             yield self._task(src.rstrip("/") + "/" + rel, target, info)
+
+    def _matches(
+        self, src: str, dst: str, files: list[tuple[str, dict[str, Any]]]
+    ) -> Iterator[FileTask]:
+        """The tasks of the files a wildcard ``src`` matched (``files``: listed), each into
+        ``dst`` by its name (``Backend.name_of``: an HTTPS link's decoded); the sizes a
+        listing lacks (HTTP's) asked as in a tree (``_infos``), never taken for 0."""
+        backend = self.src.backend
+        names = [
+            safe_rel(backend.name_of(p.rsplit("/", 1)[-1]), backend.unstrip(src, p))
+            for p, _ in files
+        ]
+        infos = self._infos([p for p, i in files if i.get("size") is None], src)
+        for (path, listed), name in zip(files, names, strict=True):
+            info = next(infos) if listed.get("size") is None else listed
+            yield self._task(backend.unstrip(src, path), dst.rstrip("/") + "/" + name, info)
 
     def _infos(self, paths: list[str], src: str) -> Iterator[dict[str, Any]]:
         """The info of each of ``paths``, in order, asked ahead (``Backend.infos``). One
