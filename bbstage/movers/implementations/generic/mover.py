@@ -103,24 +103,18 @@ class GenericMover(Mover):
         if self.dst.local:
             yield FileTask(src, dst, "dir", mode=DIR_MODE)
         wanted = self.options.wanted or (lambda target: True)
-        below: list[tuple[str, str, dict[str, Any], str]] = []
+        backend = self.src.backend
+        below: list[tuple[str, str, dict[str, Any], str]] = []  # (path, rel, info, target)
         for path, info in listed:
             if not path.startswith(top) or path == top:
                 continue
             rel = path[len(top) :]
-            backend = self.src.backend
             name = safe_rel(backend.name_of(rel).rstrip("/"), backend.unstrip(src, path))
             target = dst.rstrip("/") + "/" + name
             if info.get("type") == "directory" or wanted(target):
                 below.append((path, rel, info, target))
-        unsized = [
-            p for p, _, i, _ in below if i.get("type") != "directory" and i.get("size") is None
-        ]
-        infos = self._infos(unsized, src)
-        for _, rel, listed_info, target in below:
-            info = listed_info
-            if info.get("type") != "directory" and info.get("size") is None:
-                info = next(infos)
+        sized = self._sized([(path, info) for path, _, info, _ in below], src)
+        for (_, rel, _, target), info in zip(below, sized, strict=True):
             if info.get("type") == "directory":
                 if self.dst.local:
                     yield FileTask(src + rel, target, "dir", mode=DIR_MODE)
@@ -131,17 +125,29 @@ class GenericMover(Mover):
         self, src: str, dst: str, files: list[tuple[str, dict[str, Any]]]
     ) -> Iterator[FileTask]:
         """The tasks of the files a wildcard ``src`` matched (``files``: listed), each into
-        ``dst`` by its name (``Backend.name_of``: an HTTPS link's decoded); the sizes a
-        listing lacks (HTTP's) asked as in a tree (``_infos``), never taken for 0."""
+        ``dst`` by its name (``Backend.name_of``: an HTTPS link's decoded), its size as a
+        tree's file's (``_sized``)."""
         backend = self.src.backend
         names = [
             safe_rel(backend.name_of(p.rsplit("/", 1)[-1]), backend.unstrip(src, p))
             for p, _ in files
         ]
-        infos = self._infos([p for p, i in files if i.get("size") is None], src)
-        for (path, listed), name in zip(files, names, strict=True):
-            info = next(infos) if listed.get("size") is None else listed
+        for (path, _), name, info in zip(files, names, self._sized(files, src), strict=True):
             yield self._task(backend.unstrip(src, path), dst.rstrip("/") + "/" + name, info)
+
+    def _sized(
+        self, listed: list[tuple[str, dict[str, Any]]], src: str
+    ) -> Iterator[dict[str, Any]]:
+        """The info of each of ``listed`` (path, its listing's info), in order: as listed,
+        or, for a file whose listing has no size (HTTP's), asked (``_infos``), never taken
+        for 0."""
+
+        def unsized(info: dict[str, Any]) -> bool:
+            return info.get("type") != "directory" and info.get("size") is None
+
+        asked = self._infos([path for path, info in listed if unsized(info)], src)
+        for _, info in listed:
+            yield next(asked) if unsized(info) else info
 
     def _infos(self, paths: list[str], src: str) -> Iterator[dict[str, Any]]:
         """The info of each of ``paths``, in order, asked ahead (``Backend.infos``). One
