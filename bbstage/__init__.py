@@ -1,3 +1,13 @@
 """bbstage: data staging for Slurm's burst_buffer/lua plugin."""
 
-__version__ = "0.1.0"
+import os
+import sys
+
+__version__ = "0.2.0"  # PEP 440; each release is tagged v<version> (docs/releasing.md)
+
+
+def where() -> str:
+    """Which bbstage this is, for ``--version`` and the daemon's first log line: an admin
+    (and the wheel-install tests) can tell a site install from a checkout's."""
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"{os.path.dirname(os.path.abspath(__file__))} (Python {python})"

@@ -65,7 +65,9 @@ def findings(config: Config, slurm_conf_dir: str | None = None) -> list[tuple[st
     if shutil.which("squeue") is None:
         out.append((WARN, "squeue not found: the reconciler cannot see cancelled jobs"))
     lua = luainstall.target()
-    if lua.luac is None:
+    if problem := luainstall.missing_sources():
+        out.append((FAIL, problem))
+    elif lua.luac is None:
         out.append((WARN, f"install-lua ships Lua sources only (slower sbatch): {lua.why}"))
     else:
         out.append((OK, f"install-lua precompiles for {lua.why}"))

@@ -21,11 +21,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bbstage import movers
+from bbstage import movers, sitefiles
 from bbstage.config import Config
 from bbstage.daemon import staged
 
-LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
+LUA_DIR = sitefiles.path("lua")
 LUA_VERSIONS = ("5.1", "5.2", "5.3", "5.4")
 # Where distributions put Slurm's plugins (PluginDir): Debian and Ubuntu, then the RHEL
 # family (SchedMD's spec file, OpenHPC), then source builds.
@@ -205,11 +205,20 @@ def stub(t: Target) -> str:
     )
 
 
+def missing_sources() -> str | None:
+    """What is wrong with the hooks' sources this bbstage ships, if anything: a wheel that
+    lacks them (a build that did not run setup.py's step) or a checkout without ``lua/``."""
+    if (LUA_DIR / "burst_buffer.lua").is_file() and (LUA_DIR / "bbstage").is_dir():
+        return None
+    return (f"the Slurm hooks' Lua sources are missing: no {LUA_DIR / 'burst_buffer.lua'}"
+            " (reinstall bbstage from its package or wheel)")  # fmt: skip
+
+
 def install(config: Config, dest: Path, source: str, t: Target) -> list[Path]:
     """Install the hooks into ``dest`` for the Lua of ``t``; write the site file. Atomic per
     file; burst_buffer.lua (what Slurm reloads when its mtime changes) is written last."""
-    if not (LUA_DIR / "burst_buffer.lua").exists():
-        raise FileNotFoundError(f"Lua sources not found in {LUA_DIR}")
+    if problem := missing_sources():
+        raise FileNotFoundError(problem)
     written = []
     (dest / "bbstage").mkdir(parents=True, exist_ok=True, mode=0o755)
     site_text = site_lua(config, source)

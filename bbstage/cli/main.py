@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bbstage import __version__, config
+from bbstage import __version__, config, where
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
@@ -198,7 +198,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 staging failed or script invalid, 2 usage error, "
         "3 no such job of yours, 4 daemon not reachable.",
     )
-    p.add_argument("--version", action="version", version=f"bbstage {__version__}")
+    p.add_argument("--version", action="version", version=f"bbstage {__version__} from {where()}")
     p.add_argument(
         "--config",
         default=os.environ.get("BBSTAGE_CONFIG", str(config.DEFAULT_PATH)),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import structlog
 
+import bbstage
 from bbstage import log as logsetup
 from bbstage.config import Config
 from bbstage.daemon import metrics, reconcile
@@ -99,7 +100,8 @@ async def _main(config: Config) -> int:
     serving = asyncio.create_task(server.serve_forever())
     reconciling = asyncio.create_task(reconcile.forever(engine))
     recording = asyncio.create_task(engine.record_progress())
-    log.info("daemon started", pools=[p.name for p in config.pools])
+    log.info("daemon started", version=bbstage.__version__, code=bbstage.where(),
+             pools=[p.name for p in config.pools])  # fmt: skip
     await stop.wait()
     log.info("daemon stopping")
     serving.cancel()
