@@ -211,6 +211,12 @@ def test_a_copy_into_another_users_job_is_refused(api: tuple[Daemon, int], area:
     assert local.returncode != 0 and "no staging job of yours" in local.stderr
     status = json.loads(cli(d, "status", "--json", "403").stdout)
     assert status["directives"] == [] and scratch.exists()
+    # A job bbstage does not know gets the same words: the answer tells no one whose job it
+    # is, and says what makes a job a staging job.
+    unknown = cli(d, "copy", "$BB_SCRATCH/x", "/tmp/x", user="bbuser2", SLURM_JOB_ID="999403")
+    assert unknown.returncode == out.returncode
+    assert unknown.stderr.replace("999403", "403") == local.stderr
+    assert "#BB_LUA pool=NAME capacity=SIZE" in unknown.stderr
 
 
 def test_a_root_only_source_is_refused_as_a_directive_is(

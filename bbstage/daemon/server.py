@@ -34,6 +34,17 @@ USER_READ_TIMEOUT = 2.0  # seconds for the request line: the CLI sends it right 
 USER_WRITE_TIMEOUT = 5.0  # seconds for the reply to be taken
 
 
+def not_yours(job_id: str) -> str:
+    """The one answer for a job bbstage does not know and for another user's job, so that it
+    tells no one whose job an id is; it says what makes a job a staging job."""
+    return (
+        f"job {job_id}: no staging job of yours with this id. bbstage knows a job only if its"
+        " batch script has a #BB_LUA line before the first command (for an in-job copy with"
+        " no staging, '#BB_LUA pool=NAME capacity=SIZE' for a scratch area; `bbstage pools`"
+        " lists them) and you submitted it"
+    )
+
+
 class Server:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -166,9 +177,7 @@ class Server:
         if request.op == "status":
             job = engine.job(request.job_id)
             if job is None or not report.may_see(admin, uid, job):
-                return protocol.encode_user_reply(
-                    ERROR, message=f"job {request.job_id}: no staging job of yours with this id"
-                )
+                return protocol.encode_user_reply(ERROR, message=not_yours(request.job_id))
             status = report.job_status(job, engine.attempts(job.job_id), self._why)
             return protocol.encode_user_reply(OK, result=status)
         if request.op in ("copy", "cancel"):
@@ -186,9 +195,7 @@ class Server:
         engine, job_id = self.engine, request.job_id
         job = engine.job(job_id)
         if job is None or job.uid != uid:
-            return protocol.encode_user_reply(
-                ERROR, message=f"job {job_id}: no staging job of yours with this id"
-            )
+            return protocol.encode_user_reply(ERROR, message=not_yours(job_id))
         try:
             if request.op == "cancel":
                 index = request.get("index")
