@@ -64,6 +64,10 @@ class Movers:
     shards: int = 0  # a tree is split into this many tasks (0: one per worker with it)
     range_min: int = 1 << 30  # one file this big is split across the nodes (0: never)
     split_min: int = 64 << 20  # a tree this big is split across the nodes
+    # The local workers' cgroup (bbstage/daemon/cgroups.py): its directories and bounds.
+    cgroups: tuple[Path, ...] = ()
+    memory_max: int | None = None  # bytes
+    cpus: float | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,13 @@ def _count(value: Any) -> int:
     return value
 
 
+def _list(value: Any) -> list[str]:
+    """A TOML list of strings."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{value!r} is not a list of strings")
+    return value
+
+
 def _movers(data: dict[str, Any], source: str, deprecated: list[str]) -> Movers:
     """The [movers] section; ``dask`` needs a ``tls://`` scheduler and all three TLS files.
     An old key still read is told in ``deprecated``."""
@@ -128,7 +139,9 @@ def _movers(data: dict[str, Any], source: str, deprecated: list[str]) -> Movers:
 
     keys = {"executor": _text, "scheduler": _text, "tls_ca_file": path, "tls_cert": path,
             "tls_key": path, "resources": _text, "shards": _count,
-            "range_min": parse_size, "split_min": parse_size}  # fmt: skip
+            "range_min": parse_size, "split_min": parse_size,
+            "cgroups": lambda v: tuple(map(path, _list(v))), "memory_max": parse_size,
+            "cpus": _positive}  # fmt: skip
     kwargs: dict[str, Any] = {}
     data = dict(data)
     if "engine" in data:  # its name until 2026-11: the executor, not bbstage.daemon.engine
@@ -155,6 +168,12 @@ def _movers(data: dict[str, Any], source: str, deprecated: list[str]) -> Movers:
         for key in ("tls_ca_file", "tls_cert", "tls_key"):
             if getattr(movers, key) is None:
                 raise ConfigError(f'{source}: [movers] {key}: required with executor = "dask"')
+        if movers.cgroups:
+            raise ConfigError(f"{source}: [movers] cgroups: bounds the local workers only;"
+                              " bound Dask's workers on their transfer nodes")  # fmt: skip
+    if (movers.memory_max or movers.cpus) and not movers.cgroups:
+        raise ConfigError(f"{source}: [movers] memory_max and cpus need cgroups: the"
+                          " directories of the workers' cgroup (docs/operations.md)")  # fmt: skip
     return movers
 
 

@@ -28,12 +28,13 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import forkserver
+from pathlib import Path
 from typing import Any
 
 import structlog
 
 from bbstage import movers
-from bbstage.daemon import fairshare, stall
+from bbstage.daemon import cgroups, fairshare, stall
 from bbstage.daemon.contracts import Sink
 from bbstage.identity import Identity, unlink_as
 from bbstage.movers import Cancelled, TransferError
@@ -79,7 +80,9 @@ class TransferExecutor:
         policy: str = fairshare.FAIR,
         weights: dict[int, float] | None = None,
         stall_timeout: float = STALL_TIMEOUT,
+        cgroup: tuple[Path, ...] = (),
     ) -> None:
+        self._cgroup = cgroup  # each worker goes there before its first transfer
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(
             [
@@ -322,7 +325,13 @@ class TransferExecutor:
         )
         proc.start()
         child.close()
-        return _Worker(proc, parent, identity)
+        found = _Worker(proc, parent, identity)
+        try:
+            cgroups.enter(self._cgroup, proc.pid)
+        except cgroups.CgroupError as exc:  # never a worker without its bounds
+            found.retire()
+            raise TransferError(f"worker not started: {exc}", permanent=False) from None
+        return found
 
     def _stale(self) -> list[_Worker]:
         """Take out the idle workers to retire: too old, or beyond ``max_workers`` of them

@@ -14,7 +14,7 @@ import structlog
 import bbstage
 from bbstage import log as logsetup
 from bbstage.config import Config
-from bbstage.daemon import metrics, reconcile
+from bbstage.daemon import cgroups, metrics, reconcile
 from bbstage.daemon.contracts import Executor
 from bbstage.daemon.engine import Engine
 from bbstage.daemon.executor import TransferExecutor
@@ -80,11 +80,19 @@ async def _main(config: Config) -> int:
             stall_timeout=config.stall_timeout,
         )
     else:
+        try:  # the workers' bounds before any worker: never a copy without them
+            bounds = cgroups.Bounds(config.movers.memory_max, config.movers.cpus)
+            cgroups.prepare(config.movers.cgroups, bounds)
+        except cgroups.CgroupError as exc:
+            log.error("not started", reason=str(exc))
+            print(f"bbstage daemon: [movers] cgroups: {exc}", file=sys.stderr)
+            return 1
         executor = TransferExecutor(
             config.transfers,
             policy=config.fairshare.policy,
             weights=config.fairshare.weights,
             stall_timeout=config.stall_timeout,
+            cgroup=config.movers.cgroups,
         )
     engine = Engine(config, store, executor)
     engine.subscribe(metrics.observe)
