@@ -3,7 +3,7 @@
 import os
 import sys
 
-__version__ = "0.2.0"  # PEP 440; each release is tagged v<version> (docs/releasing.md)
+__version__ = "0.3.0.dev0"  # PEP 440; each release is tagged v<version> (docs/releasing.md)
 
 
 def where() -> str:

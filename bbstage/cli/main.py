@@ -44,6 +44,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return validate.run(args.script, args.json)
 
 
+def cmd_state(args: argparse.Namespace) -> int:
+    from bbstage.daemon import backup, schema
+
+    state_dir = _config(args).state_dir
+    try:
+        if args.action == "backup":
+            print(f"backed up {backup.database(state_dir)} to {args.file}:"
+                  f" {backup.backup(state_dir, Path(args.file))}")  # fmt: skip
+        elif args.action == "restore":
+            what, aside = backup.restore(state_dir, Path(args.file))
+            print(f"restored {args.file} ({what}) as {backup.database(state_dir)}"
+                  + (f"; the database it replaced is {aside}" if aside else ""))  # fmt: skip
+        else:
+            print(f"{backup.database(state_dir)}: {backup.describe(backup.database(state_dir))};"
+                  f" this bbstage knows schema versions up to {schema.LATEST}")  # fmt: skip
+    except backup.BackupError as exc:
+        print(f"bbstage state {args.action}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
 def cmd_install_lua(args: argparse.Namespace) -> int:
     from bbstage.cli import luainstall
 
@@ -270,6 +291,17 @@ def parser() -> argparse.ArgumentParser:
         "--slurm-conf-dir", help="directory of slurm.conf: also check the installed hooks"
     )
     c.set_defaults(func=cmd_config_check)
+
+    s = sub.add_parser("state", help="the state database: version, backup, restore (admins)")
+    csub = s.add_subparsers(dest="action", required=True, metavar="ACTION")
+    c = csub.add_parser("version", help="its schema version and the newest this bbstage knows")
+    c.set_defaults(func=cmd_state)
+    c = csub.add_parser("backup", help="an online copy of it to FILE (the daemon may run)")
+    c.add_argument("file", metavar="FILE")
+    c.set_defaults(func=cmd_state)
+    c = csub.add_parser("restore", help="put a backup back (the daemon stopped)")
+    c.add_argument("file", metavar="FILE")
+    c.set_defaults(func=cmd_state)
 
     s = sub.add_parser(
         "install-lua", help="install burst_buffer.lua and its site file beside slurm.conf"

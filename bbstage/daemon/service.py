@@ -18,6 +18,7 @@ from bbstage.daemon import cgroups, metrics, reconcile
 from bbstage.daemon.contracts import Executor
 from bbstage.daemon.engine import Engine
 from bbstage.daemon.executor import TransferExecutor
+from bbstage.daemon.schema import NewerSchema
 from bbstage.daemon.server import Server
 from bbstage.daemon.state import Store
 
@@ -60,7 +61,12 @@ async def _main(config: Config) -> int:
         log.error("not started", reason=str(exc))
         print(f"bbstage daemon: {exc}", file=sys.stderr)
         return 1
-    store = Store(config.state_dir / "state.db")
+    try:
+        store = Store(config.state_dir / "state.db")
+    except NewerSchema as exc:
+        log.error("not started", reason=str(exc))
+        print(f"bbstage daemon: {exc}", file=sys.stderr)
+        return 1
     executor: Executor
     if config.movers.executor == "dask":
         try:

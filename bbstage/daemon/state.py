@@ -14,6 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
+from bbstage.daemon import schema
 from bbstage.modes import private_database
 from bbstage.protocol import bounded, printable
 
@@ -135,51 +136,6 @@ def transition(current: State, new: State | str, what: str = "") -> State:
 CHECKPOINT_EVERY = 1.0  # seconds
 CACHE_JOBS = 10_000  # unfinished jobs kept in memory by Store.job (a bound, never reached)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    job_id TEXT PRIMARY KEY,
-    uid INTEGER, gid INTEGER,
-    pool TEXT, size INTEGER, scratch TEXT,
-    state TEXT NOT NULL,
-    error TEXT NOT NULL DEFAULT '',
-    created REAL NOT NULL, updated REAL NOT NULL,
-    origin TEXT NOT NULL DEFAULT 'setup'
-);
-CREATE TABLE IF NOT EXISTS directives (
-    job_id TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
-    idx INTEGER NOT NULL,
-    line INTEGER NOT NULL,
-    verb TEXT NOT NULL,
-    source TEXT NOT NULL, destination TEXT NOT NULL,
-    spec TEXT NOT NULL,
-    state TEXT NOT NULL DEFAULT 'pending',
-    bytes_done INTEGER NOT NULL DEFAULT 0, bytes_total INTEGER NOT NULL DEFAULT 0,
-    files_done INTEGER NOT NULL DEFAULT 0, files_total INTEGER NOT NULL DEFAULT 0,
-    error TEXT NOT NULL DEFAULT '',
-    started REAL, finished REAL,
-    files_skipped INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (job_id, idx)
-);
-CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state);
-CREATE TABLE IF NOT EXISTS attempts (
-    id TEXT PRIMARY KEY,
-    job_id TEXT NOT NULL,
-    idx INTEGER NOT NULL,
-    shard INTEGER NOT NULL, shards INTEGER NOT NULL,
-    node TEXT NOT NULL DEFAULT '',
-    state TEXT NOT NULL DEFAULT 'running',
-    bytes INTEGER NOT NULL DEFAULT 0, files INTEGER NOT NULL DEFAULT 0,
-    error TEXT NOT NULL DEFAULT '',
-    started REAL NOT NULL, ended REAL,
-    FOREIGN KEY (job_id, idx) REFERENCES directives (job_id, idx) ON DELETE CASCADE
-);
-CREATE INDEX IF NOT EXISTS attempts_by_directive ON attempts (job_id, idx);
-"""
-_ADDED = [  # columns added since the first schema: (table, column, type)
-    ("jobs", "origin", "TEXT NOT NULL DEFAULT 'setup'"),
-    ("directives", "files_skipped", "INTEGER NOT NULL DEFAULT 0"),
-]
-
 
 @dataclass
 class DirectiveRow:
@@ -253,15 +209,17 @@ class Store:
         self._reader: sqlite3.Connection | None = None  # jobs_of's own (read) connection
         self._read_lock = threading.Lock()
         self._cache: dict[str, JobRow] = {}
+        try:
+            schema.check(self._db, path)  # a newer bbstage's database: refused, unchanged
+        except schema.NewerSchema:
+            self._db.close()
+            raise
         self._db.execute("PRAGMA journal_mode=WAL")
         private_database(path)  # -wal, -shm: SQLite gives them the database's mode
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA busy_timeout=10000")
-        self._db.executescript(_SCHEMA)
-        for table, column, kind in _ADDED:  # a database from before the column
-            if column not in {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        schema.migrate(self._db, path)
         # Checkpoints (which fsync) run in a thread of their own, never inside a commit.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._closed = threading.Event()
