@@ -206,6 +206,12 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return checks.run(_config(args), args.slurm_conf_dir)
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    from bbstage.cli import health
+
+    return health.main(args.config, args.timeout)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from bbstage import bench
 
@@ -302,6 +308,18 @@ def parser() -> argparse.ArgumentParser:
     c = csub.add_parser("restore", help="put a backup back (the daemon stopped)")
     c.add_argument("file", metavar="FILE")
     c.set_defaults(func=cmd_state)
+
+    s = sub.add_parser(
+        "health",
+        help="check daemon, state, pools and munge for monitoring (admins, as root)",
+        description="One line for a monitoring system (Nagios plugin format), then a line per"
+        " check. Exit code 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN. Each check runs in a"
+        " process of its own and is CRITICAL if it has not answered within --timeout.",
+    )
+    s.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds for each check (default 10)"
+    )
+    s.set_defaults(func=cmd_health)
 
     s = sub.add_parser(
         "install-lua", help="install burst_buffer.lua and its site file beside slurm.conf"

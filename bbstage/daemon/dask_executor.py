@@ -50,7 +50,7 @@ import structlog
 
 from bbstage import movers as backends
 from bbstage.config import Movers
-from bbstage.daemon import dask_client, fairshare, stall
+from bbstage.daemon import dask_client, fairshare, metrics, stall
 from bbstage.daemon.contracts import Sink
 from bbstage.daemon.dask_client import Connection, connected
 from bbstage.daemon.split import Split
@@ -370,6 +370,7 @@ class DaskExecutor:
         and removes its temporary files); its end fails it transiently with the reason. A
         node that does not end it within ``CANCEL_WAIT`` s: failed here, its task cancelled."""
         attempt.stalled = stall.said(attempt.where, self._watchdog.timeout)
+        metrics.STALLS.inc()
         log.warning("attempt stalled: stopped", attempt=attempt.id, node=attempt.node,
                     reason=attempt.stalled)  # fmt: skip
         with attempt.events:

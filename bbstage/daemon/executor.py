@@ -34,7 +34,7 @@ from typing import Any
 import structlog
 
 from bbstage import movers
-from bbstage.daemon import cgroups, fairshare, stall
+from bbstage.daemon import cgroups, fairshare, metrics, stall
 from bbstage.daemon.contracts import Sink
 from bbstage.identity import Identity, unlink_as
 from bbstage.movers import Cancelled, TransferError
@@ -247,6 +247,7 @@ class TransferExecutor:
             while outcome is None:
                 if not current.conn.poll(max(0.0, last + self._stall_timeout - time.monotonic())):
                     stalled = stall.reason(spec, temps, self._stall_timeout)
+                    metrics.STALLS.inc()
                     _signal(current.proc.pid, signal.SIGTERM)  # as a cancel: SIGKILL after
                     _reap([current.proc])
                     break

@@ -15,16 +15,25 @@ is closed). The page is prometheus_client's ``generate_latest``, one at a time, 
 from __future__ import annotations
 
 import asyncio
+import platform
 import pwd
 import threading
 from collections.abc import Iterator
 from typing import Protocol
 
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from bbstage import __version__
 from bbstage.config import Config
 from bbstage.daemon import report
 from bbstage.daemon.events import EngineEvent, HookAnswered, TransferEnded
@@ -45,6 +54,16 @@ HOOKS = Counter("bbstage_hook_requests", "Requests from the Slurm hooks", ["hook
 USER_BYTES = Counter(
     "bbstage_user_staged_bytes", "Bytes staged, by job owner", ["user", "direction"]
 )
+STALLS = Counter(
+    "bbstage_transfer_stalls",
+    "Transfer attempts the stall watchdog stopped (nothing moved for stall_timeout)",
+)
+BUILD = Gauge(
+    "bbstage_build_info",
+    "The daemon's bbstage and Python versions (always 1)",
+    ["version", "python"],
+)
+BUILD.labels(__version__, platform.python_version()).set(1)
 
 # Per-user series are labelled with the user's name (the uid when it has none). Bounded: the
 # queued/running gauges list only the users with transfers queued or running at the scrape;

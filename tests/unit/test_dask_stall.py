@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 distributed = pytest.importorskip("distributed")
 
@@ -36,6 +37,7 @@ def test_a_stalled_attempt_is_stopped_its_temp_removed_and_the_path_named(
     area: Path, client: Any
 ) -> None:
     ex = DaskExecutor(config.Movers(executor="dask"), 4, client=client, stall_timeout=STALL)
+    stalls = REGISTRY.get_sample_value("bbstage_transfer_stalls_total") or 0.0
     try:
         big, out = sparse(area), area / "out"
         events: list[Any] = []
@@ -55,6 +57,7 @@ def test_a_stalled_attempt_is_stopped_its_temp_removed_and_the_path_named(
         )
         wait_until(lambda: not children(NOBODY.uid), 5, "the stopped copy to be killed")
         wait_until(lambda: sorted(p.name for p in area.iterdir()) == ["big"], 5, "temp removed")
+        assert REGISTRY.get_sample_value("bbstage_transfer_stalls_total") == stalls + 1
     finally:
         for pid in children(NOBODY.uid):
             os.kill(pid, signal.SIGKILL)

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from bbstage.daemon.executor import TransferExecutor
 from bbstage.identity import Identity
@@ -96,6 +97,7 @@ def test_the_watchdog_stops_a_stalled_transfer_removes_its_temps_and_names_the_p
     area: Path, stopped: list[int]
 ) -> None:
     ex = TransferExecutor(4, stall_timeout=1.0)
+    stalls = REGISTRY.get_sample_value("bbstage_transfer_stalls_total") or 0.0
     try:
         big = sparse(area)
         future = submit(ex, "1:0", big, area / "out", HEAVY)
@@ -107,6 +109,7 @@ def test_the_watchdog_stops_a_stalled_transfer_removes_its_temps_and_names_the_p
         assert f"{big} -> {area / 'out'}" in str(caught.value)
         assert sorted(p.name for p in area.iterdir()) == ["big"]  # the .part is gone
         assert ex.running == 0
+        assert REGISTRY.get_sample_value("bbstage_transfer_stalls_total") == stalls + 1
     finally:
         ex.shutdown()
 
