@@ -23,7 +23,7 @@ HOOK_OPS = frozenset(
         "get_status",
     }
 )
-USER_OPS = frozenset({"status", "jobs", "pools", "ping", "copy", "cancel"})
+USER_OPS = frozenset({"status", "jobs", "pools", "ping", "copy", "cancel", "drain"})
 MAX_USER_REQUEST = 64 << 10  # bytes of a user-socket request line, or of an API credential line
 
 # Network API (docs/protocol.md "Network API"): one line per connection each way. The client
@@ -32,6 +32,7 @@ MAX_USER_REQUEST = 64 << 10  # bytes of a user-socket request line, or of an API
 API_PAYLOAD = b"bbstage-api/1 "
 
 OK, BUSY, ERROR = "ok", "busy", "error"
+AGAIN = "again"  # not now: ask again (a draining daemon; bbstage/daemon/drain.py)
 
 
 class ProtocolError(ValueError):
@@ -70,6 +71,10 @@ class Reply:
     @classmethod
     def busy(cls, message: str = "") -> Reply:
         return cls(BUSY, message)
+
+    @classmethod
+    def again(cls, message: str) -> Reply:
+        return cls(AGAIN, message)
 
     @classmethod
     def error(cls, message: str) -> Reply:
@@ -185,7 +190,7 @@ def reply_frames(reply: Reply) -> list[bytes]:
 
 def encode_user_reply(status: str, *, result: Any = None, message: str = "") -> bytes:
     body: dict[str, Any] = {"status": status}
-    if status == ERROR:
+    if status in (ERROR, AGAIN):
         body["message"] = message
     else:
         body["result"] = result

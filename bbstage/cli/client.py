@@ -7,18 +7,24 @@ import json
 import os
 import socket
 import stat
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bbstage import munge
-from bbstage.protocol import api_payload, encode_request
+from bbstage.protocol import AGAIN, api_payload, encode_request
 
 API_ENV = "BBSTAGE_API"  # host:port of the daemon's network API; overrides the local socket
 
 
 class DaemonError(RuntimeError):
     """The daemon answered with an error, or could not be reached."""
+
+
+class Again(DaemonError):
+    """The daemon said "not now, ask again" (it drains for an upgrade)."""
 
 
 class Unreachable(DaemonError):
@@ -54,8 +60,30 @@ def target(user_socket: Path, api_address: str, munge_socket: Path | None) -> Ta
     return Target(socket=user_socket)
 
 
+AGAIN_FOR = 300.0  # seconds a request answered "ask again" is asked again (an upgrade's drain)
+
+
 def call(where: Path | Target, op: str, timeout: float = 10.0, **fields: Any) -> Any:
-    """Send one request; the reply's result, or DaemonError with the daemon's message."""
+    """Send one request; the reply's result, or DaemonError with the daemon's message. A
+    request answered "ask again" (a daemon draining for an upgrade) is sent again, its
+    first answer said on stderr, for up to ``AGAIN_FOR`` seconds (the next daemon's)."""
+    deadline, pause, asked = time.monotonic() + AGAIN_FOR, 0.5, False
+    while True:
+        try:
+            return _call(where, op, timeout, **fields)
+        except (Again, Unreachable) as exc:
+            if isinstance(exc, Unreachable) and not asked:  # not running: no one to ask
+                raise
+            if time.monotonic() + pause > deadline:
+                raise Unreachable(f"{exc} (asked again for {AGAIN_FOR:g} s)") from None
+            if not asked:
+                print(f"bbstage: {exc}; asking again", file=sys.stderr)
+                asked = True
+        time.sleep(pause)  # after an "again": the drain, then the gap before the next daemon
+        pause = min(pause * 2, 5.0)
+
+
+def _call(where: Path | Target, op: str, timeout: float, **fields: Any) -> Any:
     where = where if isinstance(where, Target) else Target(socket=where)
     if where.api:
         host, _, port = where.api.rpartition(":")
@@ -83,6 +111,8 @@ def call(where: Path | Target, op: str, timeout: float = 10.0, **fields: Any) ->
         reply = json.loads(data)
     except json.JSONDecodeError:
         raise DaemonError("the staging daemon sent an unreadable reply") from None
+    if reply.get("status") == AGAIN:
+        raise Again(reply.get("message", "not now"))
     if reply.get("status") != "ok":
         raise DaemonError(reply.get("message", "unknown error"))
     return reply["result"]

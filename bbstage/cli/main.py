@@ -44,6 +44,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return validate.run(args.script, args.json)
 
 
+def cmd_drain(args: argparse.Namespace) -> int:
+    import time
+
+    from bbstage.cli.client import DaemonError, Unreachable, call
+
+    result = _ask(args, "drain", deadline=args.deadline)
+    print(f"draining: {result['running']} transfers running, {result['queued']} queued (they"
+          f" wait for the next start); the daemon stops when the running ones end, or in"
+          f" {args.deadline:g} s")  # fmt: skip
+    if args.no_wait:
+        return EXIT_OK
+    socket = config.load_client(args.config).user_socket
+    until = time.monotonic() + args.deadline + 60
+    while time.monotonic() < until:
+        try:
+            call(socket, "ping", timeout=2)
+        except Unreachable:
+            print("the daemon has stopped: upgrade it now, then start it")
+            return EXIT_OK
+        except DaemonError:
+            pass
+        time.sleep(0.5)
+    print(
+        f"bbstage drain: the daemon still answers {args.deadline + 60:g} s later", file=sys.stderr
+    )
+    return EXIT_FAILED
+
+
 def cmd_state(args: argparse.Namespace) -> int:
     from bbstage.daemon import backup, schema
 
@@ -297,6 +325,21 @@ def parser() -> argparse.ArgumentParser:
         "--slurm-conf-dir", help="directory of slurm.conf: also check the installed hooks"
     )
     c.set_defaults(func=cmd_config_check)
+
+    s = sub.add_parser(
+        "drain",
+        help="before an upgrade: start nothing new, stop when running transfers end (root)",
+        description="Stop the daemon for an upgrade without failing a job: new work is"
+        " answered 'ask again' (the hooks and clients do, until the next daemon answers),"
+        " running transfers go on until they end or --deadline passes, then the daemon"
+        " stops as on SIGTERM (what still ran resumes at the next start). Waits until it"
+        " has stopped.",
+    )
+    s.add_argument("--deadline", type=float, default=60.0,
+                   help="seconds running transfers may take (default 60; keep it well under"
+                   " Slurm's OtherTimeout)")  # fmt: skip
+    s.add_argument("--no-wait", action="store_true", help="return at once")
+    s.set_defaults(func=cmd_drain)
 
     s = sub.add_parser("state", help="the state database: version, backup, restore (admins)")
     csub = s.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -58,6 +58,11 @@ class Executor(Protocol):
         whatever of them may still run elsewhere. Does not wait."""
         ...
 
+    def hold(self) -> None:
+        """Start no more transfers; queued ones wait (they start after the next daemon's
+        start, as the state has them)."""
+        ...
+
     def shutdown(self) -> None:
         """Cancel every transfer (queued ones too) for the daemon's stop, within seconds."""
         ...

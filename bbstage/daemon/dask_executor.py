@@ -227,6 +227,9 @@ class DaskExecutor:
         for attempt in self._signal(key):
             self._wait(attempt, CANCEL_WAIT)
 
+    def hold(self) -> None:
+        self._queue.hold()
+
     def shutdown(self) -> None:
         """Cancel every running attempt (they resume on the next start) and disconnect."""
         with self._lock:

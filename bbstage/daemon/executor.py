@@ -174,6 +174,9 @@ class TransferExecutor:
             return
         self._stop([key])
 
+    def hold(self) -> None:
+        self._queue.hold()
+
     def shutdown(self) -> None:
         """Cancel the running transfers and end the idle workers, all at once: a shutdown
         takes at most ``KILL_AFTER`` (plus a second) whatever the number of workers."""

@@ -166,6 +166,12 @@ class Queue(Generic[T]):
         self._start = start
         self._items: dict[str, T] = {}
         self._lock = threading.Lock()
+        self._held = False
+
+    def hold(self) -> None:
+        """Start no more transfers: those waiting stay queued (a drain before an upgrade)."""
+        with self._lock:
+            self._held = True
 
     def add(self, key: str, user: int, order: tuple[Any, ...], item: T) -> None:
         with self._lock:
@@ -204,6 +210,8 @@ class Queue(Generic[T]):
 
     def _dispatch(self) -> None:
         with self._lock:
+            if self._held:
+                return
             picked = [(k, self._items.pop(k)) for k in self.policy.pick()]
         for key, item in picked:
             self._start(key, item)

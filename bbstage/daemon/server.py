@@ -10,6 +10,7 @@ import grp
 import os
 import socket
 import struct
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +21,9 @@ import zmq
 import zmq.asyncio
 
 from bbstage import protocol
-from bbstage.daemon import jobcheck, report
+from bbstage.daemon import drain, jobcheck, report, staged
 from bbstage.daemon.engine import Engine, Refused, internal_error
-from bbstage.protocol import ERROR, MAX_USER_REQUEST, OK, ProtocolError, Reply
+from bbstage.protocol import AGAIN, ERROR, MAX_USER_REQUEST, OK, ProtocolError, Reply
 
 log = structlog.get_logger("bbstage.daemon.server")
 # User socket (docs/protocol.md): connections open at once, in all and per uid. Past either,
@@ -56,6 +57,8 @@ class Server:
         self._open: Counter[int] = Counter()  # user requests being served, by uid (both
         # transports: a user's API requests and socket connections share one allowance)
         self._api: Any = None  # netapi.Api when api_address is set
+        self.stop: Any = None  # what stops the daemon as SIGTERM does (set by service.py)
+        self.draining = False  # bbstage drain: new work is answered "again"
 
     async def start(self) -> None:
         control = self.config.socket
@@ -98,7 +101,11 @@ class Server:
             return
         try:
             request = protocol.decode_request(frames[2], protocol.HOOK_OPS)
-            reply = await self.engine.handle(request)  # answers its own bugs (INTERNAL_ERROR)
+            job = self.engine.job(request.job_id) if self.draining else None
+            if self.draining and not drain.answers(request.op, job and job.state):
+                reply = Reply.again(f"{drain.WHY}: ask again")
+            else:
+                reply = await self.engine.handle(request)  # answers its own bugs
         except ProtocolError as exc:
             reply = Reply.error(f"bad request: {exc}")
         except Exception as exc:
@@ -180,12 +187,37 @@ class Server:
                 return protocol.encode_user_reply(ERROR, message=not_yours(request.job_id))
             status = report.job_status(job, engine.attempts(job.job_id), self._why)
             return protocol.encode_user_reply(OK, result=status)
+        if request.op == "drain":
+            return self._drain(request, uid, origin)
+        if request.op == "copy" and self.draining:
+            return protocol.encode_user_reply(AGAIN, message=f"{drain.WHY}: ask again")
         if request.op in ("copy", "cancel"):
             return await self._copy(request, uid, origin)
         if request.op == "jobs":
             # Every job kept for retention_days: read in a thread, not on the hooks' loop.
             return await asyncio.to_thread(self._jobs, uid)
         return protocol.encode_user_reply(OK, result=engine.pools())
+
+    def _drain(self, request: protocol.Request, uid: int, origin: str | None) -> bytes:
+        """``bbstage drain``: root on this host only (the Unix socket, never the API)."""
+        if uid != 0 or origin is not None:
+            return protocol.encode_user_reply(ERROR, message="drain: for root on this host")
+        deadline = request.get("deadline")
+        if not isinstance(deadline, int | float) or isinstance(deadline, bool) or deadline < 0:
+            return protocol.encode_user_reply(ERROR, message="drain: deadline: seconds, >= 0")
+        executor = self.engine.executor
+        running, queued = executor.running, executor.queued
+        if not self.draining:
+            self.draining = True
+            (staged.directory(self.config) / drain.MARK).touch()  # the gap: hooks wait
+            executor.hold()  # what waits in the queue stays there, for the next daemon
+            log.warning("draining", deadline=deadline, running=running, queued=queued)
+            task = asyncio.create_task(drain.until_idle(
+                lambda: executor.running > 0,
+                time.monotonic() + deadline, self.stop))  # fmt: skip
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return protocol.encode_user_reply(OK, result={"running": running, "queued": queued})
 
     async def _copy(self, request: protocol.Request, uid: int, origin: str | None) -> bytes:
         """``copy`` (start an in-job copy, or add one --at-end) and ``cancel``: only for the

@@ -103,11 +103,12 @@ async def _main(config: Config) -> int:
     engine = Engine(config, store, executor)
     engine.subscribe(metrics.observe)
     server = Server(engine)
+    stop = asyncio.Event()
+    server.stop = stop.set  # bbstage drain ends as SIGTERM does
     await server.start()
     scrapes = await metrics.serve(config, store, executor, config.metrics_address)
     engine.resume()
     await engine.purge_expired()
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

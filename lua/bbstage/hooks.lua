@@ -11,6 +11,8 @@ local STAGE_TIMEOUT = 7 * 86400
 -- A daemon that restarts is back within this many seconds; one that is not running is
 -- reported after it ("staging daemon not reachable").
 local CONNECT_GRACE = 3
+-- After an "again", the daemon may be stopped for its upgrade: asked for this long.
+local AGAIN_GAP = 120
 
 local byte, find, format, gsub, sub = string.byte, string.find, string.format, string.gsub,
 	string.sub
@@ -79,12 +81,39 @@ local function json(value)
 end
 M.json = json
 
+-- A drained daemon leaves <dir of the socket>/staged/.drained until the next one starts
+-- (bbstage/daemon/drain.py): a hook that finds no daemon then waits for the next one.
+local function drained(socket_path)
+	local f = io.open((socket_path:match("^(.*)/") or ".") .. "/staged/.drained")
+	if f then f:close() end
+	return f ~= nil
+end
+
 -- Send one request with the zmtp module; map the reply to Slurm's (rc, message).
--- When the daemon gave no answer, a third value is zmtp's failure kind.
+-- When the daemon gave no answer, a third value is zmtp's failure kind. "again" (a daemon
+-- draining for an upgrade: docs/protocol.md) is asked again, within the hook's timeout,
+-- through the gap until the next daemon answers.
 function M.call(zmtp, socket_path, op, fields, timeout)
 	fields.v, fields.op = 1, op
-	local reply, kind, err = zmtp.request(socket_path, { json(fields) }, { timeout = timeout,
-		connect_grace = CONNECT_GRACE })
+	local request, socket = { json(fields) }, require("socket")
+	local deadline, pause, asked = socket.gettime() + timeout, 0.5, drained(socket_path)
+	local reply, kind, err
+	while true do
+		reply, kind, err = zmtp.request(socket_path, request, {
+			timeout = math.max(deadline - socket.gettime(), 0.001),
+			connect_grace = asked and AGAIN_GAP or CONNECT_GRACE })
+		if not (reply and reply[1] == "again") then break end
+		if not asked then
+			slurm.log_info("bbstage: %s job %s: %s", op, tostring(fields.job_id), reply[2] or "")
+			asked = true
+		end
+		if socket.gettime() + pause >= deadline then
+			reply, kind, err = nil, "timeout", ("%s; still so after %g s"):format(reply[2], timeout)
+			break
+		end
+		socket.sleep(pause)
+		pause = math.min(pause * 2, 5)
+	end
 	if not reply then
 		slurm.log_error("bbstage: %s job %s: %s (%s)", op, tostring(fields.job_id), err, kind)
 		return slurm.ERROR, err, kind

@@ -176,16 +176,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
-def local_cluster_up(*args: str, timeout: float = 1200) -> dict[str, str]:
-    """``scripts/local-cluster up ARGS``; the environment its ``export`` lines describe."""
+def local_cluster_up(
+    *args: str, timeout: float = 1200, env: dict[str, str] | None = None
+) -> dict[str, str]:
+    """``scripts/local-cluster up ARGS`` (in ``env``, default this process's); the
+    environment its ``export`` lines describe."""
+    env = dict(os.environ if env is None else env)
     proc = subprocess.run(
         [str(REPO / "scripts" / "local-cluster"), "up", *args],
         stdout=subprocess.PIPE,
         text=True,
         timeout=timeout,
+        env=env,
     )
     assert proc.returncode == 0, f"local-cluster up {' '.join(args)} failed (see its output)"
-    env = dict(os.environ)
     for line in proc.stdout.splitlines():
         m = re.match(r"export (\w+)=(.*)", line)
         if m:
