@@ -67,7 +67,7 @@ def internal_error(exc: BaseException, op: str, job_id: object) -> str:
 
 class Engine:
     def __init__(self, config: Config, store: Store, executor: Executor) -> None:
-        self._config, self.store, self.executor = config, store, executor
+        self._config, self.store, self._executor = config, store, executor
         self._staged = staged.directory(config)
         staged.prepare(self._staged)
         self._tearing: set[str] = set()  # jobs whose teardown is deciding their end
@@ -96,6 +96,15 @@ class Engine:
     def config(self, config: Config) -> None:
         """A new configuration, for the parts the engine holds too."""
         self._config = self.transfers.config = self.cleanup.config = config
+
+    @property
+    def executor(self) -> Executor:
+        return self._executor
+
+    @executor.setter
+    def executor(self, executor: Executor) -> None:
+        """Another executor, for the transfers started from now on."""
+        self._executor = self.transfers.executor = executor
 
     async def handle(self, request: Request) -> Reply:
         """Answer one hook; log one line for it: who asked (which hooks carry the owner:
