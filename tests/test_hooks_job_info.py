@@ -14,7 +14,7 @@ lua = lua_fixture()
 
 def test_start_time_and_priority_reach_the_daemon(lua: str, tmp_path: Path) -> None:
     """Fair share orders a user's transfers by the start Slurm expects, then priority
-    (``engine._order_of``): the hooks must send both from job_info."""
+    (``engine.order_of``): the hooks must send both from job_info."""
     d = hooks_without_daemon(tmp_path, lua)
     router = Router(tmp_path / "control.sock", lambda r, msg: r.reply(msg, b"ok", b""))
     try:

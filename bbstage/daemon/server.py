@@ -22,7 +22,8 @@ import zmq.asyncio
 
 from bbstage import protocol
 from bbstage.daemon import drain, jobcheck, report, staged
-from bbstage.daemon.engine import Engine, Refused, internal_error
+from bbstage.daemon.engine import Engine, internal_error
+from bbstage.daemon.lifecycle import Refused
 from bbstage.protocol import AGAIN, ERROR, MAX_USER_REQUEST, OK, ProtocolError, Reply
 
 log = structlog.get_logger("bbstage.daemon.server")

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, NamedTuple, Self, TypeVar
 
 from bbstage.daemon import schema
 from bbstage.modes import private_database
@@ -76,29 +76,58 @@ State = TypeVar("State", bound=_Machine)
 UNFINISHED = (DirectiveState.PENDING, DirectiveState.RUNNING)
 
 FINISHED = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
-ACTIVE = tuple(s for s in JobState if s not in FINISHED)
 # The states a job record is made in: by setup (which starts staging in at once where
 # data_in blocks, before 24.05), or made again after a lost state (``origin="recovered"``).
 CREATED = (JobState.SETUP, JobState.STAGING_IN, JobState.RUNNING)
 
+
+class Phase(NamedTuple):
+    """A step of a job's lifecycle: the state it is ``entered`` in and the one it has
+    ``reached`` at its end (the same for a step that is one state: setup, the run)."""
+
+    name: str  # for a staging phase, the directive verb it moves (``stage_in``, ``stage_out``)
+    entered: JobState
+    reached: JobState
+
+
+# The job's lifecycle, in order: written here once. ``MOVES[JobState]`` is derived from it
+# (each state moves on to the next; the last phase, staging out, may be entered from any
+# earlier state), and the engine's decisions read it (``bbstage/daemon/lifecycle.py``).
+LIFECYCLE = (
+    Phase("setup", JobState.SETUP, JobState.SETUP),
+    Phase("stage_in", JobState.STAGING_IN, JobState.STAGED_IN),
+    Phase("run", JobState.RUNNING, JobState.RUNNING),
+    Phase("stage_out", JobState.STAGING_OUT, JobState.STAGED_OUT),
+)
+# The states a job passes through before its end, in order.
+ORDER = tuple(dict.fromkeys(s for p in LIFECYCLE for s in (p.entered, p.reached)))
+ACTIVE = ORDER
+PHASES = {p.name: p for p in LIFECYCLE if p.entered != p.reached}  # the staging phases
+
 _J, _D, _A = JobState, DirectiveState, AttemptState
 _ENDS = frozenset((_J.DONE, _J.FAILED, _J.CANCELLED))  # a teardown's verdicts
-# Every legal move; a state not a key, or a pair not listed, is refused by ``transition``.
-MOVES: dict[type[_Machine], dict[Any, frozenset[Any]]] = {
-    JobState: {
-        # Staging out may start from any earlier state: Slurm runs data_out for a job
-        # whatever became of it, and the outputs in scratch are what the user wants.
-        _J.SETUP: frozenset((_J.STAGING_IN, _J.STAGING_OUT)) | _ENDS,
-        _J.STAGING_IN: frozenset((_J.STAGED_IN, _J.STAGING_OUT)) | _ENDS,
-        _J.STAGED_IN: frozenset((_J.RUNNING, _J.STAGING_OUT)) | _ENDS,
-        _J.RUNNING: frozenset((_J.STAGING_OUT,)) | _ENDS,
-        _J.STAGING_OUT: frozenset((_J.STAGED_OUT,)) | _ENDS,
-        _J.STAGED_OUT: _ENDS,
+
+
+def _job_moves() -> dict[JobState, frozenset[JobState]]:
+    """The legal moves of a job, from ``LIFECYCLE``: each state on to the next; the last
+    phase from any earlier state (Slurm runs data_out for a job whatever became of it, and
+    the outputs in scratch are what the user wants); every state not ended to an end."""
+    last = LIFECYCLE[-1].entered
+    moves: dict[JobState, frozenset[JobState]] = {}
+    for i, state in enumerate(ORDER):
+        later = ORDER[i + 1 : i + 2] + ((last,) if i < ORDER.index(last) else ())
+        moves[state] = frozenset(later) | _ENDS
+    return moves | {
         _J.DONE: frozenset(),
         _J.FAILED: frozenset(),
         # Cancelled here, but Slurm kept waiting for its stage-in: bbstage.daemon.reconcile ends it.
         _J.CANCELLED: frozenset((_J.FAILED,)),
-    },
+    }
+
+
+# Every legal move; a state not a key, or a pair not listed, is refused by ``transition``.
+MOVES: dict[type[_Machine], dict[Any, frozenset[Any]]] = {
+    JobState: _job_moves(),
     DirectiveState: {
         _D.PENDING: frozenset((_D.RUNNING, _D.CANCELLED)),
         # running -> running: a new attempt (a transient failure, a resume after a restart).
@@ -325,7 +354,7 @@ class Store:
     def set_job(self, job_id: str, **values: Any) -> None:
         """Change a job's columns; a new ``state`` only by a legal move (``transition``,
         against the state in the database: else ``IllegalTransition`` and nothing changes)."""
-        values = {k: _text(v, k) for k, v in values.items()}
+        values = as_stored(values)
         values["updated"] = time.time()
         cols = ", ".join(f"{k} = ?" for k in values)
         with self._tx(job_id) as db:
@@ -466,7 +495,7 @@ class Store:
 
     def set_directive(self, job_id: str, idx: int, **values: Any) -> None:
         """Change a directive's columns; a new ``state`` only by a legal move (``set_job``)."""
-        values = {k: _text(v, k) for k, v in values.items()}
+        values = as_stored(values)
         cols = ", ".join(f"{k} = ?" for k in values)
         with self._tx(job_id) as db:
             if "state" in values:
@@ -552,6 +581,11 @@ class Store:
         for job_id, node in rows:
             found.setdefault(job_id, []).append(node)
         return found
+
+
+def as_stored(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` as a write stores them (``_text``): what a row read back holds."""
+    return {k: _text(v, k) for k, v in values.items()}
 
 
 def _text(value: Any, column: str = "") -> Any:

@@ -83,6 +83,9 @@ class FakeExecutor:
             if not future.done():
                 future.set_exception(Cancelled())
 
+    def hold(self) -> None:
+        pass
+
     def shutdown(self) -> None:
         self.cancel("")
 

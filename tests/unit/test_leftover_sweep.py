@@ -54,7 +54,7 @@ def test_without_the_owner_several_owners_files_all_stay(engine: Engine, area: P
     second.unlink()
     ask(engine, "teardown", job_id="31", hurry=True, script_path=str(job))
     assert first.exists()  # swept less than SWEEP_EVERY s ago: not again
-    engine._sweeps = leftovers.Pace()
+    engine.cleanup.sweeps = leftovers.Pace()
     ask(engine, "teardown", job_id="31", hurry=True, script_path=str(job))
     assert not first.exists()  # a sole owner's: removed
 
@@ -77,6 +77,6 @@ def test_a_job_is_swept_at_most_once_per_sweep_every(
     ask(engine, "test_data_in", job_id="33", uid=UID, gid=GID, script_path=str(job))
     assert reads == ["32", "33"]
     late = part(dest, "a.bin", "32", UID)
-    engine._sweeps = leftovers.Pace()  # as SWEEP_EVERY s later
+    engine.cleanup.sweeps = leftovers.Pace()  # as SWEEP_EVERY s later
     ask(engine, "test_data_in", job_id="32", uid=UID, gid=GID, script_path=str(job))
     assert not late.exists() and reads == ["32", "33", "32"]

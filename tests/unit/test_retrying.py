@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage.daemon import engine
+from bbstage.daemon import lifecycle
 from bbstage.movers import TransferError
 from bbstage.movers.implementations.s3 import fast
 from bbstage.transfer import TransferSpec, retrying
@@ -25,7 +25,7 @@ def test_a_policy_waits_tries_minus_one_times_within_its_cap() -> None:
 
 
 def test_the_engine_takes_its_attempts_from_the_policy() -> None:
-    assert engine.ATTEMPTS == retrying.TRANSFER.tries
+    assert lifecycle.ATTEMPTS == retrying.TRANSFER.tries
 
 
 class _Unavailable(http.server.BaseHTTPRequestHandler):
@@ -87,4 +87,4 @@ def test_one_failing_transfer_sends_a_request_at_most_the_budget(
     assert not caught.value.permanent  # so the engine would try again
     per_attempt = retrying.FILE.tries * retrying.REQUEST.tries * retrying.LIBRARY_TRIES
     assert _Unavailable.count == per_attempt
-    assert per_attempt * engine.ATTEMPTS == retrying.BUDGET
+    assert per_attempt * lifecycle.ATTEMPTS == retrying.BUDGET

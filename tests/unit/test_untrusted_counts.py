@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from bbstage import counts
-from bbstage.daemon.engine import Engine, _Running
+from bbstage.daemon.engine import Engine
+from bbstage.daemon.transfers import Running
 from bbstage.movers import FileTask, Mover, TransferError
 from bbstage.movers.implementations.s3 import head, listing
 from bbstage.movers.implementations.s3.download import S3Download
@@ -131,7 +132,7 @@ def test_the_progress_recorder_outlives_a_value_it_cannot_save(engine: Engine) -
     async def scenario() -> None:
         recording = asyncio.create_task(engine.record_progress())
         # A running transfer's counts, as if a bad one had got through.
-        engine._running[("71", 0)] = _Running(counts={"bytes_total": 1 << 64})
+        engine._running[("71", 0)] = Running(counts={"bytes_total": 1 << 64})
         await asyncio.sleep(1.5)  # the recorder met it
         assert not recording.done(), recording.exception()
         outcomes(engine).append((Planned(5, 1), None))
