@@ -30,7 +30,7 @@ import common
 
 from bbstage import movers
 from bbstage.bench.cache import can_drop_caches, settle
-from bbstage.movers.implementations.generic import StoreOptions
+from bbstage.movers.implementations.fsstore import StoreOptions
 from bbstage.transfer import Done, TransferSpec, worker
 from bbstage.units import parse_size
 from tests.backends.stores import LOCAL_STORES, azure_account, open_store

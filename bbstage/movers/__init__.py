@@ -35,18 +35,24 @@ __all__ = [
 ]  # fmt: skip
 
 _IMPL = "bbstage.movers.implementations"
-_GENERIC = f"{_IMPL}.generic"
-_FSSPEC_HINT = "install bbstage's stores extra (pip install 'bbstage[stores]')"
+_STORES = "install bbstage's stores extra (pip install 'bbstage[stores]')"
 
-# kind -> {"class": "module:Class", "err": what to install when the import fails}
+
+def _lazy(target: str, err: str) -> dict[str, str]:
+    """A registry entry: ``target`` (``"module:Class"`` below ``implementations/``) and what
+    to install when it cannot be imported."""
+    return {"class": f"{_IMPL}.{target}", "err": err}
+
+
+# kind -> {"class": "module:Class", "err": what to install when the import fails}; one line
+# a backend (Azure's two schemes share theirs)
 known_implementations: dict[str, dict[str, str]] = {
-    "abfs": {"class": f"{_GENERIC}:AzureBackend", "err": f"adlfs is missing: {_FSSPEC_HINT}"},
-    "az": {"class": f"{_GENERIC}:AzureBackend", "err": f"adlfs is missing: {_FSSPEC_HINT}"},
-    "gs": {"class": f"{_GENERIC}:GCSBackend", "err": f"gcsfs is missing: {_FSSPEC_HINT}"},
-    "https": {"class": f"{_GENERIC}:HTTPSBackend", "err": f"aiohttp is missing: {_FSSPEC_HINT}"},
-    "posix": {"class": f"{_IMPL}.posix:PosixBackend", "err": "bbstage is incomplete"},
-    "s3": {"class": f"{_IMPL}.s3:S3Backend", "err": "s3fs is missing: pip install bbstage"},
-    "sftp": {"class": f"{_GENERIC}:SFTPBackend", "err": f"sshfs is missing: {_FSSPEC_HINT}"},
+    **{k: _lazy("azure:AzureBackend", f"adlfs is missing: {_STORES}") for k in ("abfs", "az")},
+    "gs": _lazy("gcs:GCSBackend", f"gcsfs is missing: {_STORES}"),
+    "https": _lazy("https:HTTPSBackend", f"aiohttp is missing: {_STORES}"),
+    "posix": _lazy("posix:PosixBackend", "bbstage is incomplete"),
+    "s3": _lazy("s3:S3Backend", "s3fs is missing: pip install bbstage"),
+    "sftp": _lazy("sftp:SFTPBackend", f"sshfs is missing: {_STORES}"),
 }
 assert list(known_implementations) == sorted(known_implementations)  # as fsspec's
 
@@ -167,6 +173,6 @@ def get(src_kind: str, dst_kind: str) -> type[Mover]:
     if dst.read_only:
         raise TransferError(f"{dst.name} locations are read-only: stage from them, not to them")
     pair = (src.name, dst.name)
-    target = src.movers.get(pair) or dst.movers.get(pair) or f"{_GENERIC}.mover:GenericMover"
+    target = src.movers.get(pair) or dst.movers.get(pair) or f"{_IMPL}.generic.mover:GenericMover"
     module, name = target.split(":")
     return getattr(import_module(module), name)  # type: ignore[no-any-return]

@@ -125,7 +125,7 @@ def allow_local(kind: str, env: dict[str, str], options: BackendOptions | None) 
     host to reach (https, sftp), in ``allowed_endpoints`` where the user's credentials do
     (az: Azurite), as the local cluster's daemon config has it; unchanged when they name
     their own (or the backend checks no host)."""
-    from bbstage.movers.implementations.generic import StoreOptions
+    from bbstage.movers.implementations.fsstore import StoreOptions
 
     if kind in ("az", "abfs") and isinstance(options, StoreOptions):
         if "allowed_endpoints" in options.settings:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage.movers.implementations.generic import StoreOptions
+from bbstage.movers.implementations.fsstore import StoreOptions
 from bbstage.transfer import Done, TransferSpec, worker
 from tests.backends.stores import REPO, Store, open_store, stores_env, user_home
 from tests.helpers import Conn

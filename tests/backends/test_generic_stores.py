@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from bbstage.movers.base import TransferError
-from bbstage.movers.implementations.generic import StoreOptions
+from bbstage.movers.implementations.fsstore import StoreOptions
 from bbstage.transfer import Done, Failed, TransferSpec
 from tests.backends.abstract import ODD, BackendSuite
 from tests.backends.stores import (
@@ -97,7 +97,7 @@ def test_sftp_speaks_aes_gcm_where_the_cpu_has_aes(
     """The cipher the real sshd agreed to: AES-GCM where the CPU has AES instructions (a
     third of chacha20-poly1305's CPU for 1 GiB up, docs/performance.md), asyncssh's own
     first choice where it has not."""
-    from bbstage.movers.implementations.generic import cpu_has_aes
+    from bbstage.movers.implementations.sftp import cpu_has_aes
 
     user_home(tmp_path, monkeypatch)
     gen = open_store("sftp", stores_env, StoreOptions({}))
@@ -344,11 +344,11 @@ def test_an_https_tree_whose_indexes_have_no_end_fails_bounded(
     one index page without end (``INDEX_MOST`` bytes, here 64 KiB: aiohttp's own read
     takes a body of any length into memory)."""
     from bbstage import movers
-    from bbstage.movers.implementations import generic
+    from bbstage.movers.implementations import https as impl
 
     # (each bound small enough that the others end a test whose own bound is gone)
-    monkeypatch.setattr(generic, "TREE_MOST", 200 if without_end == "wide" else 1000)
-    monkeypatch.setattr(generic, "INDEX_MOST", 64 << 10)
+    monkeypatch.setattr(impl, "TREE_MOST", 200 if without_end == "wide" else 1000)
+    monkeypatch.setattr(impl, "INDEX_MOST", 64 << 10)
     listed: list[str] = []
 
     def do_GET(self: Any) -> None:  # noqa: N802 - http.server's name
@@ -376,14 +376,14 @@ def test_an_https_tree_whose_indexes_have_no_end_fails_bounded(
             https.find(fs, url.rstrip("/"))
         assert failed.value.permanent
         said = {
-            "deep": f"more than directories {generic.TREE_DEEPEST} deep",
+            "deep": f"more than directories {impl.TREE_DEEPEST} deep",
             "wide": "more than 200 files and directories",
             "long": "sent more than 65536 bytes",
         }[without_end]
         assert said in str(failed.value) and "stage a part of it" in str(failed.value)
-        assert (
-            len(listed) <= {"deep": generic.TREE_DEEPEST + 1, "wide": 21, "long": 1}[without_end]
-        ), listed
+        assert len(listed) <= {"deep": impl.TREE_DEEPEST + 1, "wide": 21, "long": 1}[without_end], (
+            listed
+        )
         ca = {"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"], "allowed_hosts": [url.split("/")[2]]}
         out = tmp_path / "out"
         spec = TransferSpec.between(url, f"{out}/", job_id="t", source_options=StoreOptions(ca))
@@ -1007,7 +1007,7 @@ def test_a_size_the_first_bytes_reply_does_not_say_plainly_is_asked_by_fsspec(
     the size is asked again through fsspec's client (a HEAD), and the bytes that came are
     not kept: the file is read again, and its bytes are the file's."""
     from bbstage import movers
-    from bbstage.movers.implementations.generic import httpget
+    from bbstage.movers.implementations import httpget
 
     real = b"x" * 1234
 
@@ -1042,7 +1042,7 @@ def test_a_small_file_comes_with_its_size_and_a_bigger_ones_rest_must_be_its_ran
     200 (the whole file, cut to the rest's length) is refused, transiently, the bytes
     that came not joined."""
     from bbstage import movers
-    from bbstage.movers.implementations.generic import httpget
+    from bbstage.movers.implementations import httpget
 
     https = movers.backend("https")
     gen = open_store(
@@ -1108,7 +1108,7 @@ def test_the_rest_of_a_file_is_read_only_from_the_version_its_first_bytes_came_f
     file whole. A server that names no version (no ETag, no Last-Modified) has its first
     bytes dropped, and the file is read whole, in one GET."""
     from bbstage import movers
-    from bbstage.movers.implementations.generic import httpget
+    from bbstage.movers.implementations import httpget
 
     https = movers.backend("https")
     gen = open_store(
@@ -1165,7 +1165,7 @@ def test_the_first_bytes_of_files_never_read_are_not_all_kept(
     million small files in place holds 4 MiB, not the tree), and a file whose bytes were
     dropped is read again, whole."""
     from bbstage import movers
-    from bbstage.movers.implementations.generic import httpget
+    from bbstage.movers.implementations import httpget
 
     https = movers.backend("https")
     options = StoreOptions({"ca_bundle": stores_env["BBSTAGE_HTTPS_CA"]})
@@ -1192,7 +1192,7 @@ def test_a_shard_of_an_https_tree_asks_the_sizes_of_its_own_files_alone(
     own files only (an HTTPS size's request brings a small file's bytes: every shard asking
     every file would read the tree once per node); together the shards stage every file,
     bytes checked."""
-    from bbstage.movers.implementations.generic import httpget
+    from bbstage.movers.implementations import httpget
     from bbstage.transfer import TreeShard
 
     gen = open_store(
@@ -1239,7 +1239,7 @@ def test_https_reads_are_made_on_kept_connections_and_a_redirect_is_followed_che
     from fsspec.implementations import http as fsspec_http
 
     from bbstage import movers
-    from bbstage.movers.implementations.generic import httpget
+    from bbstage.movers.implementations import httpget
 
     https = movers.backend("https")
     monkeypatch.setattr(https, "ranges", (1 << 20, 4))
@@ -1473,7 +1473,7 @@ def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_na
     from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
 
     from bbstage import movers
-    from bbstage.movers.implementations import generic
+    from bbstage.movers.implementations import azure
 
     home = user_home(tmp_path, monkeypatch)
     secret = home / ".config/bbstage/azure-connection-string"
@@ -1490,7 +1490,7 @@ def test_azure_reads_are_signed_for_one_blob_alone_and_the_signature_is_never_na
         assert az.read_range(fs, a, 10, 20, lambda at, data: got.append((at, data))) == 10
         assert got == [(10, b"A" * 10)]
 
-        signed = generic._signed(fs, *fs.split_path(a)[:2])
+        signed = azure._signed(fs, *fs.split_path(a)[:2])
         assert signed is not None
         with urllib.request.urlopen(signed) as reply:
             assert reply.read() == b"A" * 1000
@@ -1561,7 +1561,7 @@ def test_an_azure_listing_is_signed_to_list_one_container_and_is_adlfss_own(
 
     from bbstage import movers
     from bbstage.movers.backends import Backend
-    from bbstage.movers.implementations import generic
+    from bbstage.movers.implementations import azure
     from bbstage.movers.implementations.generic.side import mtime_ns
 
     user_home(tmp_path, monkeypatch)
@@ -1580,7 +1580,7 @@ def test_an_azure_listing_is_signed_to_list_one_container_and_is_adlfss_own(
             b"", metadata={"hdi_isfolder": "true"}
         )
         fs = az.filesystem(store.options, store.url("t"))
-        monkeypatch.setattr(generic, "LIST_PAGE", 2)
+        monkeypatch.setattr(azure, "LIST_PAGE", 2)
         found = az.find(fs, root)
 
         def seen(listing: dict[str, dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
@@ -1598,7 +1598,7 @@ def test_an_azure_listing_is_signed_to_list_one_container_and_is_adlfss_own(
             top + name for name in bodies if name.startswith("t/")
         }
 
-        signed = generic._signed(fs, container, None)
+        signed = azure._signed(fs, container, None)
         assert signed is not None
         where, query = signed.split("?", 1)
         expiry = datetime.datetime.fromisoformat(urllib.parse.parse_qs(query)["se"][0])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage.movers.implementations.generic import StoreOptions
+from bbstage.movers.implementations.fsstore import StoreOptions
 from bbstage.movers.implementations.posix import PosixBackend
 from bbstage.movers.implementations.s3 import S3Backend, S3Options
 from bbstage.transfer import Done, TransferSpec, worker

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bbstage import movers
-from bbstage.movers.implementations.generic import StoreOptions
+from bbstage.movers.implementations.fsstore import StoreOptions
 from tests.backends.stores import open_store, stores_env, user_home
 from tests.helpers import digest
 

@@ -144,7 +144,7 @@ def test_an_azure_connection_string_readable_by_others_is_refused(
 ) -> None:
     """The user's Azure key is in their home; a copy others may read is refused, naming the
     file and the fix (as ssh refuses a private key others can read)."""
-    from bbstage.movers.implementations.generic import AZURE_CONNECTION, AzureBackend
+    from bbstage.movers.implementations.azure import AZURE_CONNECTION, AzureBackend
 
     path = tmp_path / AZURE_CONNECTION
     path.parent.mkdir(parents=True)
@@ -165,7 +165,7 @@ def test_an_azure_listing_page_is_read_as_adlfs_reads_one() -> None:
     marker's flag may be capitalized (``Hdi_isfolder``), and adlfs's ``is_directory=false``
     wins over it; the directories between the prefix and a blob are listed once; a page
     that is not XML is refused, naming the listed path."""
-    from bbstage.movers.implementations.generic import _listed
+    from bbstage.movers.implementations.azure import _listed
 
     page = b"""<?xml version="1.0" encoding="utf-8"?>
 <EnumerationResults ServiceEndpoint="https://a.blob.core.windows.net/" ContainerName="c">
@@ -232,11 +232,11 @@ def test_backends_section_enables_schemes_and_checks_their_tables(tmp_path: Path
 def test_sftp_asks_for_aes_gcm_first_only_where_the_cpu_has_aes(
     text: str, has: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bbstage.movers.implementations import generic
+    from bbstage.movers.implementations import sftp
 
     (tmp_path / "cpuinfo").write_text(text)
-    assert generic.cpu_has_aes(str(tmp_path / "cpuinfo")) is has
-    assert generic.cpu_has_aes(str(tmp_path / "nothing")) is False
-    monkeypatch.setattr(generic, "cpu_has_aes", lambda: has)
-    algs = generic.SFTPBackend.kwargs({}, "sftp://u@h/x").get("encryption_algs")
-    assert algs == (generic.AES_FIRST if has else None)
+    assert sftp.cpu_has_aes(str(tmp_path / "cpuinfo")) is has
+    assert sftp.cpu_has_aes(str(tmp_path / "nothing")) is False
+    monkeypatch.setattr(sftp, "cpu_has_aes", lambda: has)
+    algs = sftp.SFTPBackend.kwargs({}, "sftp://u@h/x").get("encryption_algs")
+    assert algs == (sftp.AES_FIRST if has else None)

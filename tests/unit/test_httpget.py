@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bbstage.movers.base import TransferError
-from bbstage.movers.implementations.generic import httpget
+from bbstage.movers.implementations import httpget
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""Plain HTTP GETs of the generic stores: the rules every reply is judged by (``judge``),
-the TLS every ``https://`` connection is verified with (``tls_context``, ``system_cas``),
-and the client of HTTPS reads (``BlockingClient``), over libcurl (pycurl).
+"""Plain HTTP GETs of the stores ``https`` and ``azure``: the rules every reply is judged
+by (``judge``), the TLS every ``https://`` connection is verified with (``tls_context``,
+``system_cas``), and the client of HTTPS reads (``BlockingClient``), over libcurl (pycurl).
 
 Why a client of its own: fsspec's event loop runs every connection in its one thread, so
 one thread decrypts the TLS of every range of a big file, and every small file is two hops
