@@ -19,6 +19,7 @@ from .memory import memory
 from .results import load, result_files
 from .scaleout import scaleout
 from .staging import posix, s3
+from .worker_bounds import worker_bounds
 
 DOC = REPO / "docs" / "performance.md"
 
@@ -42,6 +43,7 @@ SECTIONS: dict[str, Render] = {
     "hook_roundtrip": hook_roundtrip,
     "job_process": job_process,
     "backends": backends,
+    "worker_bounds": worker_bounds,
 }
 
 
