@@ -17,7 +17,7 @@ MEMBERS = sorted(name for name in vars(Executor) if not name.startswith("_"))
 
 def test_the_contract_names_what_the_engine_server_and_metrics_use() -> None:
     assert MEMBERS == [
-        "abandon", "cancel", "queued", "running", "shutdown", "submit", "users", "why"
+        "abandon", "cancel", "hold", "queued", "running", "shutdown", "submit", "users", "why"
     ]  # fmt: skip
 
 
