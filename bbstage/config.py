@@ -191,6 +191,7 @@ class Config:
     retention_days: float = 7.0
     slurm_conf: Path | None = None
     reconcile_interval: float = 10.0
+    usage_interval: float = 60.0  # seconds between measures of the jobs' scratch (0: never)
     stall_timeout: float = 300.0
     metrics_address: str = "127.0.0.1:9754"
     api_address: str = ""  # host:port of the munge-authenticated network API; "" = off
@@ -228,6 +229,7 @@ _DAEMON_KEYS = {
     "retention_days": _number,
     "slurm_conf": Path,
     "reconcile_interval": _number,
+    "usage_interval": _number,
     "stall_timeout": _positive,
     "metrics_address": _text,
     "api_address": lambda v: _address(_text(v)),

@@ -100,7 +100,7 @@ def test_every_series_the_rules_and_the_dashboard_name_is_exported(
             missing[where] = sorted(gone)
     assert not missing, f"not exported by the daemon: {missing}"
     # One rule per condition watched; every bbstage family is read by a panel or a rule.
-    assert len([w for w in queries() if w.startswith("alert ")]) == 6
+    assert len([w for w in queries() if w.startswith("alert ")]) == 7
     families = {f.name for f in text_string_to_metric_families(text)}
     ours = {f for f in families if f.startswith("bbstage_") and not f.endswith("_created")}
     unread = {f for f in ours if not any(n.startswith(f) for n in used)}

@@ -27,7 +27,14 @@ def _print(line: str) -> None:
 def status(job: dict[str, Any]) -> None:
     _print(f"job {job['job_id']}: {job['state']}" + (f" ({job['error']})" if job["error"] else ""))
     if job.get("scratch"):
-        _print(f"scratch: {job['scratch']}")
+        line = f"scratch: {job['scratch']}"
+        if job.get("scratch_used") is not None:
+            line += f"  {_size(job['scratch_used'])} used"
+            if job.get("capacity"):
+                line += f" of {_size(job['capacity'])} reserved"
+            if job.get("scratch_over"):
+                line += " (over the job's capacity=: the pool's other jobs may run out of space)"
+        _print(line)
     for d in job["directives"]:
         arrow = "in " if d["direction"] == "in" else "out"
         kind = d.get("kind", "script")
@@ -72,11 +79,12 @@ def jobs(rows: list[dict[str, Any]]) -> None:
 
 
 def pools(rows: dict[str, dict[str, int]]) -> None:
-    print(f"{'POOL':<12} {'CAPACITY':>12} {'RESERVED':>12} {'FREE':>12}")
+    print(f"{'POOL':<12} {'CAPACITY':>12} {'RESERVED':>12} {'FREE':>12} {'USED':>12} OVER")
     for name, p in rows.items():
+        used = _size(p["used"]) if "used" in p else "-"
         print(
             f"{name:<12} {_size(p['capacity']):>12} {_size(p['reserved']):>12}"
-            f" {_size(p['free']):>12}"
+            f" {_size(p['free']):>12} {used:>12} {p.get('over', '-')}"
         )
 
 

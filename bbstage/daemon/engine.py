@@ -35,6 +35,7 @@ from bbstage.daemon.lifecycle import (
     of_phase,
 )
 from bbstage.daemon.state import (
+    ACTIVE,
     FINISHED,
     UNFINISHED,
     AttemptRow,
@@ -45,6 +46,7 @@ from bbstage.daemon.state import (
     Store,
 )
 from bbstage.daemon.transfers import Transfers
+from bbstage.daemon.usage import Usage
 from bbstage.identity import Identity, IdentityError
 from bbstage.protocol import BUSY, ERROR, ProtocolError, Reply, Request
 from bbstage.transfer import Done
@@ -72,6 +74,7 @@ class Engine:
         staged.prepare(self._staged)
         self._tearing: set[str] = set()  # jobs whose teardown is deciding their end
         self.transfers = Transfers(config, store, executor, self._do, self._tearing)
+        self.usage = Usage()  # what the jobs' scratch holds, measured by usage.forever
         self._running = self.transfers.running  # by (job id, directive index)
         self.cleanup = Cleanup(config, store, self.transfers, self._do, self._staged, self._tearing)
         self._listeners: list[Callable[[EngineEvent], None]] = []
@@ -205,6 +208,10 @@ class Engine:
         given, oldest first (read only)."""
         return self.store.jobs(states, updated_since)
 
+    def active(self) -> list[JobRow]:
+        """The jobs not yet finished (read from the database: call it in a thread)."""
+        return self.store.jobs(ACTIVE)
+
     def jobs_of(self, uid: int | None) -> list[JobRow]:
         """``uid``'s jobs (every job for None), oldest first, in one read transaction of
         their own (``bbstage jobs``: call it in a thread)."""
@@ -220,7 +227,7 @@ class Engine:
 
     def pools(self) -> dict[str, dict[str, int]]:
         """Each pool's capacity and what the jobs not yet finished hold of it."""
-        return report.pools(self.config, self.store)
+        return report.pools(self.config, self.store, self.usage)
 
     # -- in-job copies (bbstage copy) -----------------------------------------------------------
 

@@ -38,6 +38,7 @@ from bbstage.config import Config
 from bbstage.daemon import report
 from bbstage.daemon.events import EngineEvent, HookAnswered, TransferEnded
 from bbstage.daemon.state import Store
+from bbstage.daemon.usage import Usage
 
 log = structlog.get_logger("bbstage.daemon.metrics")
 
@@ -103,8 +104,10 @@ class Queue(Protocol):
 class StateCollector(Collector):
     """Gauges computed when Prometheus scrapes."""
 
-    def __init__(self, config: Config, store: Store, executor: Queue) -> None:
-        self.config, self.store, self.executor = config, store, executor
+    def __init__(
+        self, config: Config, store: Store, executor: Queue, usage: Usage | None = None
+    ) -> None:
+        self.config, self.store, self.executor, self.usage = config, store, executor, usage
 
     def collect(self) -> Iterator[Metric]:
         active = GaugeMetricFamily("bbstage_transfers_active", "Transfers running now")
@@ -136,11 +139,24 @@ class StateCollector(Collector):
         reserved = GaugeMetricFamily(
             "bbstage_pool_reserved_bytes", "Capacity reserved by active jobs", labels=["pool"]
         )
-        for name, pool in report.pools(self.config, self.store).items():
+        used = GaugeMetricFamily(
+            "bbstage_pool_used_bytes",
+            "What active jobs' scratch holds (last measure)",
+            labels=["pool"],
+        )
+        over = GaugeMetricFamily(
+            "bbstage_jobs_over_capacity", "Active jobs whose scratch holds more than they"
+            " reserved (capacity=)", labels=["pool"],
+        )  # fmt: skip
+        for name, pool in report.pools(self.config, self.store, self.usage).items():
             capacity.add_metric([name], pool["capacity"])
             reserved.add_metric([name], pool["reserved"])
+            used.add_metric([name], pool["used"])
+            over.add_metric([name], pool["over"])
         yield capacity
         yield reserved
+        yield used
+        yield over
 
 
 MAX_CONNECTIONS = 64  # open at once
@@ -208,12 +224,14 @@ def _response(status: bytes, kind: bytes, body: bytes, method: bytes) -> bytes:
     return head % (status, kind, len(body)) + (body if method != b"HEAD" else b"")
 
 
-async def serve(config: Config, store: Store, executor: Queue, address: str) -> Endpoint | None:
+async def serve(
+    config: Config, store: Store, executor: Queue, address: str, usage: Usage | None = None
+) -> Endpoint | None:
     """Start the HTTP endpoint on ``host:port`` on the running loop; empty address: off."""
     if not address:
         return None
     host, _, port = address.rpartition(":")
-    REGISTRY.register(StateCollector(config, store, executor))
+    REGISTRY.register(StateCollector(config, store, executor, usage))
     endpoint = Endpoint()
     try:
         await endpoint.start(host or "127.0.0.1", int(port))

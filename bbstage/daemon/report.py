@@ -10,7 +10,15 @@ from typing import Any
 
 from bbstage.config import Config
 from bbstage.daemon import scratch
-from bbstage.daemon.state import AttemptRow, AttemptState, DirectiveState, JobRow, Store
+from bbstage.daemon.state import (
+    ACTIVE,
+    AttemptRow,
+    AttemptState,
+    DirectiveState,
+    JobRow,
+    Store,
+)
+from bbstage.daemon.usage import Usage, Used
 
 # Why a transfer waits, by its key ("job id:directive index"): the executor's ``why``.
 Why = Callable[[str], "str | None"]
@@ -40,7 +48,10 @@ def is_admin(config_admin_group: str | None, caller_uid: int) -> bool:
 
 
 def job_status(
-    job: JobRow, attempts: Sequence[AttemptRow] = (), why: Why = _no_wait
+    job: JobRow,
+    attempts: Sequence[AttemptRow] = (),
+    why: Why = _no_wait,
+    used: Used | None = None,
 ) -> dict[str, Any]:
     """A job's state and one entry per directive, with rate and ETA while it runs, why it
     waits for a slot (``why``: the executor's), and its ``attempts`` on transfer nodes (Dask;
@@ -87,6 +98,9 @@ def job_status(
         "pool": job.pool,
         "capacity": job.size,
         "scratch": job.scratch,
+        # what the scratch held at the last measure (bbstage/daemon/usage.py): None unmeasured
+        "scratch_used": used.bytes if used else None,
+        "scratch_over": bool(used and job.size and used.bytes > job.size),
         "updated": job.updated,
         "directives": rows,
     }
@@ -145,8 +159,19 @@ def jobs_summary(
     return out
 
 
-def pools(config: Config, store: Store) -> dict[str, dict[str, int]]:
-    return scratch.in_use(config.pools, store.reserved())
+def pools(config: Config, store: Store, usage: Usage | None = None) -> dict[str, dict[str, int]]:
+    """Each pool's capacity and reservations; with ``usage``, what its jobs' scratch holds
+    (``used``) and how many of them hold more than they reserved (``over``)."""
+    rows = scratch.in_use(config.pools, store.reserved())
+    if usage is not None:
+        jobs = [j for j in store.jobs(ACTIVE) if j.scratch and j.pool]
+        used = usage.of_pools({j.job_id: j.pool for j in jobs if j.pool})
+        over = usage.over({j.job_id: j.size for j in jobs if j.size})
+        pool_of = {j.job_id: j.pool for j in jobs}
+        for name, row in rows.items():
+            row["used"] = used.get(name, 0)
+            row["over"] = sum(1 for j in over if pool_of.get(j) == name)
+    return rows
 
 
 def bbstat(store: Store, args: list[str], uid: str | None) -> str:

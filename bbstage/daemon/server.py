@@ -186,7 +186,8 @@ class Server:
             job = engine.job(request.job_id)
             if job is None or not report.may_see(admin, uid, job):
                 return protocol.encode_user_reply(ERROR, message=not_yours(request.job_id))
-            status = report.job_status(job, engine.attempts(job.job_id), self._why)
+            status = report.job_status(job, engine.attempts(job.job_id), self._why,
+                                       engine.usage.of(job.job_id))  # fmt: skip
             return protocol.encode_user_reply(OK, result=status)
         if request.op == "drain":
             return self._drain(request, uid, origin)

@@ -14,7 +14,7 @@ import structlog
 import bbstage
 from bbstage import log as logsetup
 from bbstage.config import Config
-from bbstage.daemon import cgroups, metrics, reconcile
+from bbstage.daemon import cgroups, metrics, reconcile, usage
 from bbstage.daemon.contracts import Executor
 from bbstage.daemon.engine import Engine
 from bbstage.daemon.executor import TransferExecutor
@@ -106,7 +106,7 @@ async def _main(config: Config) -> int:
     stop = asyncio.Event()
     server.stop = stop.set  # bbstage drain ends as SIGTERM does
     await server.start()
-    scrapes = await metrics.serve(config, store, executor, config.metrics_address)
+    scrapes = await metrics.serve(config, store, executor, config.metrics_address, engine.usage)
     engine.resume()
     await engine.purge_expired()
     loop = asyncio.get_running_loop()
@@ -115,6 +115,9 @@ async def _main(config: Config) -> int:
     serving = asyncio.create_task(server.serve_forever())
     reconciling = asyncio.create_task(reconcile.forever(engine))
     recording = asyncio.create_task(engine.record_progress())
+    measuring = asyncio.create_task(
+        usage.forever(engine.usage, engine.active, config.usage_interval)
+    )
     log.info("daemon started", version=bbstage.__version__, code=bbstage.where(),
              pools=[p.name for p in config.pools])  # fmt: skip
     await stop.wait()
@@ -122,6 +125,7 @@ async def _main(config: Config) -> int:
     serving.cancel()
     reconciling.cancel()
     recording.cancel()
+    measuring.cancel()
     await server.close()
     if scrapes is not None:
         await scrapes.close()

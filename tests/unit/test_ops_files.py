@@ -56,7 +56,7 @@ def _promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
 def test_promtool_checks_the_alert_rules() -> None:
     out = _promtool("check", "rules", str(ALERTS))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 6 rules found" in out.stdout
+    assert "SUCCESS: 7 rules found" in out.stdout
 
 
 def test_promtool_runs_the_alert_rules_unit_test() -> None:
