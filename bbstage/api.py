@@ -23,8 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bbstage import config
-from bbstage.cli import client
+from bbstage import client, config
 
 DONE_STATES = ("done", "failed", "cancelled")
 # How long ``wait`` without a timeout rides out an unreachable daemon (a restart: its copies

@@ -2,7 +2,7 @@
 `bbstage copy` (the request: the copy itself runs in the background), against a real daemon
 and a real munged started here (tests/hookharness.py, tests/mungeharness.py).
 
-Measured in-process through bbstage.cli.client (what the CLI and bbstage.api call): one
+Measured in-process through bbstage.client (what the CLI and bbstage.api call): one
 connection and, over the API, one munge credential per request. Goal: p50 < 5 ms.
 
 Throughput (``--size 4G``, ``--rounds 3``): one file in a job's scratch copied out by an
@@ -33,8 +33,8 @@ from typing import Any
 
 import common  # first: puts the checkout on sys.path
 
+from bbstage import client
 from bbstage.bench.cache import settle
-from bbstage.cli import client
 from bbstage.units import parse_size
 from tests.helpers import file_digest, free_port
 from tests.hookharness import Daemon, script, start_daemon, user_ids, user_tree
@@ -53,7 +53,7 @@ def markdown(results: dict[str, Any]) -> str:
     """The section of docs/performance.md (benchmarks/report.py renders it as it is)."""
     lines = [
         "`benchmarks/bench_api.py`: a real daemon and a real munged on this machine, requests",
-        "made in-process through `bbstage.cli.client` (what the CLI and `bbstage.api` call), one",
+        "made in-process through `bbstage.client` (what the CLI and `bbstage.api` call), one",
         "connection and (API) one munge credential each. Goal: p50 < 5 ms.",
         "",
         "| request | p50 (ms) | p99 (ms) | n | goal |",

@@ -15,7 +15,7 @@ an order that rotates from round to round:
 
 While a condition holds, two clients ask the daemon of the condition (both daemons when
 idle) questions ``--interval`` s apart, each in its own process: the user socket's ``ping``
-(``bbstage.cli.client.call``, Python) and the hook's round trip (``zmtp.lua`` in one lua5.1
+(``bbstage.client.call``, Python) and the hook's round trip (``zmtp.lua`` in one lua5.1
 process, ``benchmarks/lua/hook_poll_loop.lua``: a ``test_data_in`` of a job the daemon does not
 know, answered at once). Per condition: p50/p99/max of each, the burst's wall time and
 bytes, the workers' peak memory (``memory.max_usage_in_bytes``, page cache included, reset
@@ -49,7 +49,7 @@ from typing import Any
 from common import REPO, check, environment, fail, lua_version, parser, rotate, save_result
 
 from bbstage.bench.cache import cache_policy, settle
-from bbstage.cli.client import call
+from bbstage.client import call
 from bbstage.units import parse_size
 from tests.hookharness import Daemon, script, start_daemon, user_ids, user_tree
 

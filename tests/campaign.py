@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bbstage.cli import client
+from bbstage import client
 from bbstage.movers import checksum
 from bbstage.movers.implementations import s3 as s3mover
 from tests.s3env import S3Env, parse_exports

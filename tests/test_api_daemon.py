@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import munge, protocol
-from bbstage.cli import client
+from bbstage import client, munge, protocol
 
 from .campaign import worker_pids
 from .helpers import file_digest, free_port, wait_until

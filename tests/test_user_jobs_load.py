@@ -10,8 +10,7 @@ from pathlib import Path
 
 import zmq
 
-from bbstage import protocol
-from bbstage.cli import client
+from bbstage import client, protocol
 from bbstage.daemon.state import Store
 
 from .hookharness import area, start_daemon, user_ids

@@ -69,7 +69,7 @@ def _mib(n: int) -> str:
 
 
 def check_daemon(config: Config, timeout: float) -> tuple[int, str]:
-    from bbstage.cli.client import DaemonError, Unreachable, call, target
+    from bbstage.client import DaemonError, Unreachable, call, target
 
     where = target(config.user_socket, config.api_address, config.munge_socket)
     started = time.monotonic()

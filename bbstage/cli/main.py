@@ -47,7 +47,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_drain(args: argparse.Namespace) -> int:
     import time
 
-    from bbstage.cli.client import DaemonError, Unreachable, call
+    from bbstage.client import DaemonError, Unreachable, call
 
     result = _ask(args, "drain", deadline=args.deadline)
     print(f"draining: {result['running']} transfers running, {result['queued']} queued (they"
@@ -112,7 +112,7 @@ def cmd_install_lua(args: argparse.Namespace) -> int:
 
 def _ask(args: argparse.Namespace, op: str, **fields: Any) -> Any:
     """One request, to the user socket where this host has it, else the network API."""
-    from bbstage.cli.client import DaemonError, Unreachable, call, target
+    from bbstage.client import DaemonError, Unreachable, call, target
 
     try:
         conf = config.load_client(args.config)
@@ -138,7 +138,7 @@ def _job_client(args: argparse.Namespace) -> Any:
 
 def cmd_copy(args: argparse.Namespace) -> int:
     from bbstage import api
-    from bbstage.cli.client import DaemonError, Unreachable
+    from bbstage.client import DaemonError, Unreachable
 
     client = _job_client(args)
     try:
@@ -161,7 +161,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     from bbstage import api
-    from bbstage.cli.client import DaemonError, Unreachable
+    from bbstage.client import DaemonError, Unreachable
 
     client = _job_client(args)
     try:
@@ -182,7 +182,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from bbstage.cli.client import DaemonError
+    from bbstage.client import DaemonError
 
     if ":" in args.id:
         args.job = args.id.partition(":")[0]

@@ -26,9 +26,9 @@ from bbstage.daemon.state import (
     JobState,
     as_stored,
 )
-from bbstage.movers import Cancelled, TransferError
+from bbstage.movers import Cancelled, TransferError, retrying
 from bbstage.protocol import OK, Reply, bounded
-from bbstage.transfer import Done, Planned, retrying
+from bbstage.transfer import Done, Planned
 
 ATTEMPTS = retrying.TRANSFER.tries  # a transfer that fails transiently is run again
 # An in-job copy (`bbstage copy`, no --at-end) is a directive of this verb, added while the job

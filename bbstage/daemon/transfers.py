@@ -18,13 +18,13 @@ from typing import Any
 import structlog
 
 from bbstage.config import Config
-from bbstage.counts import clamp
 from bbstage.daemon import lifecycle, scratch
 from bbstage.daemon.contracts import Executor
 from bbstage.daemon.lifecycle import ATTEMPTS, Action, Ended, Refused
 from bbstage.daemon.state import AttemptState, DirectiveRow, DirectiveState, JobRow, Store
 from bbstage.identity import Identity
 from bbstage.movers import TransferError
+from bbstage.movers.counts import clamp
 from bbstage.transfer import (
     AttemptUpdate,
     Done,

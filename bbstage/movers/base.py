@@ -78,6 +78,28 @@ def safe_rel(rel: str, url: str) -> str:
 
 
 @dataclass(frozen=True)
+class FileRange:
+    """Byte range ``index`` of ``count`` of one file, run on one node while the others run
+    theirs (written by ``bbstage.transfer.ranges``; to a store that assembles pieces:
+    ``Mover.copy_share``),
+    written into one temporary file that the submission's ranges share (``group``: its id,
+    8 hex digits); a file under ``min_size`` bytes is copied whole by range 0 alone."""
+
+    index: int
+    count: int
+    group: str
+    min_size: int = 0
+
+
+def span(part: FileRange, size: int) -> tuple[int, int]:
+    """(offset, count) of ``part``'s share of ``size`` bytes: equal shares, the rest last."""
+    step = size // part.count
+    start = step * part.index
+    end = size if part.index == part.count - 1 else start + step
+    return start, end - start
+
+
+@dataclass(frozen=True)
 class FileTask:
     """One entry of a plan: copy ``src`` to ``dst``."""
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, cast
 
 from bbstage import movers
-from bbstage.movers.base import BackendOptions
+from bbstage.movers.base import BackendOptions, FileRange
 
 Overwrite = Literal["always", "never", "newer"]
 
@@ -42,19 +42,6 @@ class TreeShard:
 
     index: int
     count: int
-
-
-@dataclass(frozen=True)
-class FileRange:
-    """Byte range ``index`` of ``count`` of one file, run on one node while the others run
-    theirs (``bbstage.transfer.ranges``; to a store that assembles pieces: ``Mover.copy_share``),
-    written into one temporary file that the submission's ranges share (``group``: its id,
-    8 hex digits); a file under ``min_size`` bytes is copied whole by range 0 alone."""
-
-    index: int
-    count: int
-    group: str
-    min_size: int = 0
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,8 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 
-from bbstage import counts
-from bbstage.movers import FileTask, Mover, TransferError, localfs
-from bbstage.transfer import FileRange, Planned, ScratchLimit, TransferSpec, TreeShard, retrying
+from bbstage.movers import FileTask, Mover, TransferError, counts, localfs, retrying
+from bbstage.transfer import FileRange, Planned, ScratchLimit, TransferSpec, TreeShard
 
 
 def plan(mover: Mover, spec: TransferSpec, cancel: threading.Event) -> Iterable[FileTask]:

@@ -36,17 +36,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from bbstage.movers.base import FileTask, TransferError, os_error
+from bbstage.movers.base import FileRange, FileTask, TransferError, os_error, span
 from bbstage.movers.localfs import temp_name
-from bbstage.transfer import FileRange
-
-
-def span(part: FileRange, size: int) -> tuple[int, int]:
-    """(offset, count) of ``part``'s share of ``size`` bytes: equal shares, the rest last."""
-    step = size // part.count
-    start = step * part.index
-    end = size if part.index == part.count - 1 else start + step
-    return start, end - start
 
 
 def temp_path(dst: str, job_id: str, group: str) -> str:

@@ -27,8 +27,8 @@ from typing import IO
 
 from bbstage import movers
 from bbstage.identity import user_env
-from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
-from bbstage.transfer import FileRange, Planned, TransferSpec, planning, retrying
+from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, retrying
+from bbstage.transfer import FileRange, Planned, TransferSpec, planning
 
 COMMAND = [sys.executable, "-s", "-m", "bbstage.transfer.walkproc"]  # the walk's process
 _HOME = os.path.dirname(

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from bbstage import movers
 from bbstage.identity import Identity, user_env
-from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, localfs
+from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, localfs, retrying
 from bbstage.transfer import (
     Done,
     Event,
@@ -38,7 +38,6 @@ from bbstage.transfer import (
     codec,
     planning,
     ranges,
-    retrying,
     transfer_env,
     walkproc,
 )

@@ -1,4 +1,4 @@
-"""bbstage.cli.client and bbstage.api's wait: a daemon that goes away mid-request."""
+"""bbstage.client and bbstage.api's wait: a daemon that goes away mid-request."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import api
-from bbstage.cli import client
+from bbstage import api, client
 
 
 def _serve(path: Path, replies: list[bytes | None]) -> threading.Thread:

@@ -1,4 +1,4 @@
-"""One retry policy, one budget (``bbstage.transfer.retrying``): a request that keeps failing is
+"""One retry policy, one budget (``bbstage.movers.retrying``): a request that keeps failing is
 sent at most ``retrying.BUDGET`` times in all, whatever the layers between it and the engine."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from bbstage.daemon import lifecycle
-from bbstage.movers import TransferError
+from bbstage.movers import TransferError, retrying
 from bbstage.movers.implementations.s3 import fast
-from bbstage.transfer import TransferSpec, retrying
+from bbstage.transfer import TransferSpec
 from tests.helpers import run_worker, s3_sides
 
 

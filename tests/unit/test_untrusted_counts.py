@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 
-from bbstage import counts
 from bbstage.daemon.engine import Engine
 from bbstage.daemon.transfers import Running
-from bbstage.movers import FileTask, Mover, TransferError
+from bbstage.movers import FileTask, Mover, TransferError, counts
 from bbstage.movers.implementations.s3 import head, listing
 from bbstage.movers.implementations.s3.download import S3Download
 from bbstage.protocol import Request

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from bbstage.movers import FileTask, Mover, MoverOptions, TransferError
-from bbstage.transfer import Planned, ScratchLimit, TransferSpec, retrying, worker
+from bbstage.movers import FileTask, Mover, MoverOptions, TransferError, retrying
+from bbstage.transfer import Planned, ScratchLimit, TransferSpec, worker
 from tests.helpers import Conn, run_worker
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bbstage.movers import checksum, localfs
+from bbstage.movers import checksum, localfs, retrying
 from bbstage.movers.base import (
     Cancelled,
     FileTask,
@@ -26,7 +26,6 @@ from bbstage.movers.base import (
 )
 from bbstage.movers.implementations.generic.errors import translate
 from bbstage.movers.implementations.generic.side import Side, mtime_ns
-from bbstage.transfer import retrying
 
 FILE_MODE, DIR_MODE = 0o644, 0o755  # of what a store's files become on a local disk
 WHOLE = 4 << 20  # a file up to this size is read whole and written whole (one GET, one PUT)

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from bbstage.movers import checksum
+from bbstage.movers import checksum, retrying
 from bbstage.movers.base import (
     Cancelled,
     FileTask,
@@ -25,7 +25,6 @@ from bbstage.movers.implementations.s3.head import DirectHead
 from bbstage.movers.implementations.s3.listing import DirectList
 from bbstage.movers.implementations.s3.settings import S3Options, S3Settings, check_endpoint
 from bbstage.movers.implementations.s3.timestamps import parse_timestamp
-from bbstage.transfer import retrying
 
 T = TypeVar("T")
 # Object metadata (x-amz-meta-*) every upload carries: the source's st_mtime_ns, so that a

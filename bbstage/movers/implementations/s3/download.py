@@ -11,8 +11,7 @@ import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from bbstage import counts
-from bbstage.movers import checksum, localfs
+from bbstage.movers import checksum, counts, localfs, retrying
 from bbstage.movers.base import (
     FileTask,
     Progress,
@@ -31,7 +30,6 @@ from bbstage.movers.implementations.s3.direct import Reached
 from bbstage.movers.implementations.s3.errors import _NOT_FOUND, split_url
 from bbstage.movers.implementations.s3.fast import FAST_MAX
 from bbstage.movers.implementations.s3.settings import MiB
-from bbstage.transfer import retrying
 
 _READ = 1 * MiB  # bytes asked of the socket per read when streaming a download
 # Bytes per write to the local file: on ext4 (Linux 6.18) a write of 512 KiB or more cost

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bbstage import counts
+from bbstage.movers import counts
 from bbstage.movers.implementations.s3.direct import answered, object_url
 from bbstage.movers.implementations.s3.fast import FastS3
 from bbstage.movers.implementations.s3.timestamps import parse_timestamp

@@ -16,7 +16,7 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from bbstage import counts
+from bbstage.movers import counts
 from bbstage.movers.implementations.s3.direct import answered
 from bbstage.movers.implementations.s3.fast import FastS3
 from bbstage.movers.implementations.s3.timestamps import parse_timestamp

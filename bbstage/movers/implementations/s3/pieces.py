@@ -1,5 +1,5 @@
 """POSIX to S3 with one file split across transfer nodes (a ``FileRange``): each
-share uploads its bytes (``ranges.span``) as an object of its own, a piece
+share uploads its bytes (``movers.base.span``) as an object of its own, a piece
 (``.NAME.bbstage-JOB-GROUP.rIofN.part`` beside the destination); the share that finds every
 piece there assembles the object from them on the server (``UploadPartCopy``: no byte
 crosses a node again) and removes them. No share waits for another (shares queued behind
@@ -17,12 +17,10 @@ import time
 from typing import Any
 
 from bbstage.movers import localfs
-from bbstage.movers.base import FileTask, Progress, TransferError
+from bbstage.movers.base import FileRange, FileTask, Progress, TransferError, span
 from bbstage.movers.implementations.s3.common import MTIME_KEY, _Counted, _first_failure
 from bbstage.movers.implementations.s3.errors import _NOT_FOUND, S3Error, split_url
 from bbstage.movers.implementations.s3.upload import S3ObjectUpload, create_window
-from bbstage.transfer import FileRange
-from bbstage.transfer.ranges import span
 
 MIN_PART = 5 << 20  # S3's smallest part (but the last)
 COPY_MAX = 5 << 30  # S3's largest part (and part copy)
@@ -41,7 +39,7 @@ class S3Upload(S3ObjectUpload):
         progress: Progress,
         cancel: threading.Event,
     ) -> None:
-        """Upload share ``shard`` of ``task``'s bytes (``ranges.span``) as an object of its
+        """Upload share ``shard`` of ``task``'s bytes (``movers.base.span``) as an object of its
         own, a piece (``.NAME.bbstage-JOB-GROUP.rIofN.part`` beside the destination); the
         share that finds every piece there assembles the object from them on the server
         (``UploadPartCopy``) and removes them. No share waits for another; two that

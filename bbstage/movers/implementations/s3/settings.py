@@ -14,9 +14,9 @@ from typing import Any
 
 import structlog
 
+from bbstage.movers import retrying
 from bbstage.movers.base import BackendOptions, TransferError
 from bbstage.movers.implementations.endpoints import allows, endpoint_list, endpoint_of
-from bbstage.transfer import retrying
 from bbstage.units import parse_size
 
 log = structlog.get_logger("bbstage.s3")

@@ -26,8 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from bbstage import movers
-from bbstage.movers import TransferError
+from bbstage.movers.base import Cancelled, TransferError, os_error
 
 T = TypeVar("T")
 
@@ -61,12 +60,12 @@ class RetryPolicy:
             try:
                 return action()
             except (TransferError, OSError) as exc:
-                err = exc if isinstance(exc, TransferError) else movers.base.os_error(exc)
+                err = exc if isinstance(exc, TransferError) else os_error(exc)
                 delay = next(waits, None)
                 if err.permanent or delay is None or cancel.is_set():
                     raise err from None
             if cancel.wait(delay):
-                raise movers.Cancelled()
+                raise Cancelled()
 
 
 TRANSFER = RetryPolicy(tries=3)  # the engine's attempts (it waits for nothing: a new attempt)
