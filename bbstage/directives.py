@@ -2,7 +2,10 @@
 
 The grammar is specified in ``docs/directives.md``.  ``lua/bbstage/directives.lua`` implements
 the same grammar for slurmctld; ``tests/corpus/*.json`` keeps the two in step, so any change
-here must be made there too (same checks in the same order, same message templates).
+to a check here must be made there too (same checks in the same order, same message
+templates). The tables at the top are the one copy: ``bbstage install-lua`` hands them to the
+Lua module (``lua_tables``), whose own literal copy, for a parser without a site file, is
+checked equal by tests/test_grammar.py.
 """
 
 from __future__ import annotations
@@ -54,6 +57,43 @@ JOBDW_KEYS = ("capacity", "pool", "type", "access_mode", "name")
 JOBDW_TYPES = ("scratch", "xfs", "gfs2", "lustre")  # DataWarp's scratch; NNF's file systems
 ACCESS_MODES = ("striped", "private", "striped,private", "private,striped")
 DW_SCRATCH_VARS = ("DW_JOB_STRIPED", "DW_JOB_PRIVATE")
+
+
+def lua_tables() -> dict[str, Any]:
+    """The tables above, by their names, in the shape ``lua/bbstage/directives.lua`` looks
+    them up: sets as ``{name: 1}``, capacity units as floats but the bare unit 1 (Lua 5.3+
+    then multiplies a size in floats, never overflowing an integer, as its ``2 ^ 10`` do).
+    ``bbstage install-lua`` writes this into bbstage_site.lua as ``grammar``; the Lua
+    module's own tables, used without one, hold the same (tests/test_grammar.py)."""
+
+    def names(items: tuple[str, ...]) -> dict[str, int]:
+        return dict.fromkeys(items, 1)
+
+    def units(table: dict[str, int]) -> dict[str, int | float]:
+        return {u: float(m) if u else m for u, m in table.items()}
+
+    return {
+        "MAX_SCRIPT_BYTES": MAX_SCRIPT_BYTES,
+        "MAX_LINE_BYTES": MAX_LINE_BYTES,
+        "MAX_DIRECTIVES": MAX_DIRECTIVES,
+        "MAX_ERRORS": MAX_ERRORS,
+        "MAX_HEADER_LINES": MAX_HEADER_LINES,
+        "MAX_CAPACITY": float(MAX_CAPACITY),
+        "VERBS": names(VERBS),
+        "STAGE_KEYS": names(STAGE_KEYS),
+        "OPTION_VALUES": {k: names(v) for k, v in OPTION_VALUES.items()},
+        "OPTION_HINTS": dict(OPTION_HINTS),
+        "UNITS": units(UNITS),
+        "DW_UNITS": units(DW_UNITS),
+        "DW_VERBS": dict(DW_VERBS),
+        "DW_STAGE_KEYS": {k: names(v) for k, v in DW_STAGE_KEYS.items()},
+        "DW_REFUSED": dict(DW_REFUSED),
+        "JOBDW_KEYS": names(JOBDW_KEYS),
+        "JOBDW_TYPES": names(JOBDW_TYPES),
+        "ACCESS_MODES": names(ACCESS_MODES),
+        "DW_SCRATCH_VARS": list(DW_SCRATCH_VARS),
+    }
+
 
 # Message templates by key; the error code is the key up to "/". Identical to MSGS in the Lua
 # module (tests/test_directives.py compares them). Every message is "line N: [verb: ]" + this.

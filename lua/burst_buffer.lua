@@ -42,7 +42,7 @@ local function module(name)
 		SUFFIX = ".lua" -- once per Lua state (per hook call)
 		chunk, err = loadfile(base .. SUFFIX)
 	end
-	-- a module may load its own (hooks.lua: directives.lua); directives.lua reads site.schemes
+	-- a module may load its own (hooks.lua: directives.lua); directives.lua reads site.schemes, site.grammar
 	return assert(chunk, err)(module, site)
 end
 

@@ -1,7 +1,9 @@
 """`bbstage install-lua`: put the Slurm hooks beside slurm.conf, with site values from the config.
 
 The hooks cannot read TOML, so this writes ``bbstage_site.lua`` (a Lua table) from the same
-config file the daemon reads: the TOML stays the one source of truth.
+config file the daemon reads: the TOML stays the one source of truth. So do the directive
+grammar's tables (``grammar``: ``bbstage.directives.lua_tables``), which the Lua parser takes
+over its own copy.
 
 Slurm compiles ``burst_buffer.lua`` on every hook call, in a fresh Lua state. So the hooks
 (``lua/burst_buffer.lua``) are installed as ``bbstage/main.lua`` and, with the modules,
@@ -14,6 +16,7 @@ code is ``bbstage/async.lua``, loaded only by them: job_process loads neither.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -21,7 +24,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bbstage import movers, sitefiles
+from bbstage import directives, movers, sitefiles
 from bbstage.config import Config
 from bbstage.daemon import staged
 
@@ -48,6 +51,47 @@ def lua_string(value: str) -> str:
     return f'"{escaped}"'
 
 
+_LUA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LUA_RESERVED = frozenset(
+    "and break do else elseif end false for function goto if in local nil not or repeat"
+    " return then true until while".split()
+)
+
+
+def lua_value(value: object, indent: str = "") -> str:
+    """``value`` as a Lua constructor: a bool, an int, a float (written as one, "1024.0", so
+    that Lua 5.3+ reads a float too), a str, a dict (a table by key, in its order), a list or
+    tuple (a sequence), a frozenset (a set: ``{ ["a"] = true }``, looked up, never walked).
+    With ``indent``, a table's items go one a line at that indent, what they hold on it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    if isinstance(value, str):
+        return lua_string(value)
+    if isinstance(value, frozenset):
+        items = [f"[{lua_string(str(k))}] = true" for k in sorted(value)]
+    elif isinstance(value, dict):
+        items = [f"{_lua_key(k)} = {lua_value(v)}" for k, v in value.items()]
+    elif isinstance(value, list | tuple):
+        items = [lua_value(v) for v in value]
+    else:
+        raise TypeError(f"no Lua value for {value!r}")
+    if not items:
+        return "{ }"
+    if indent:
+        return "{\n" + "".join(f"{indent}{i},\n" for i in items) + indent[:-2] + "}"
+    return "{ " + ", ".join(items) + " }"
+
+
+def _lua_key(key: object) -> str:
+    if isinstance(key, str) and _LUA_NAME.fullmatch(key) and key not in _LUA_RESERVED:
+        return key
+    return f"[{lua_value(key)}]"
+
+
 def site_lua(config: Config, source: str) -> str:
     pools = ",\n".join(
         f"    {{ name = {lua_string(p.name)}, root = {lua_string(str(p.root))},"
@@ -60,29 +104,21 @@ def site_lua(config: Config, source: str) -> str:
         f"  socket = {lua_string(str(config.socket))},\n"
         f"  staged = {lua_string(str(staged.directory(config)))},\n"
         f"  pools = {{\n{pools}\n  }},\n"
-        f"  schemes = {schemes_lua()},\n"
+        f"  schemes = {lua_value(schemes(), '    ')},\n"
+        f"  grammar = {lua_value(directives.lua_tables(), '    ')},\n"
         "}\n"
     )
 
 
-def schemes_lua() -> str:
-    """The enabled backends' URL rules (``bbstage.movers.url_rules``) as a Lua list, in the
-    Python parser's order: what lua/bbstage/directives.lua checks a URL against."""
-
-    def value(v: object) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, frozenset):  # a set: { ["a"] = true }, looked up, never walked
-            return "{ " + "".join(f"[{lua_string(str(k))}] = true, " for k in sorted(v)) + "}"
-        return str(v) if isinstance(v, int) else lua_string(str(v))
-
-    rows = []
+def schemes() -> list[dict[str, object]]:
+    """The enabled backends' URL rules (``bbstage.movers.url_rules``), in the Python parser's
+    order: what lua/bbstage/directives.lua checks a URL against (``schemes`` of the site)."""
+    rows: list[dict[str, object]] = []
     for scheme, rule in movers.url_rules().items():
-        fields = {"scheme": scheme, **rule.lua()}
+        rows.append({"scheme": scheme, **rule.lua()})
         if "profile" in movers.backend(scheme).directive_keys:
-            fields["profile"] = True
-        rows.append("{ " + ", ".join(f"{k} = {value(v)}" for k, v in fields.items()) + " }")
-    return "{\n    " + ",\n    ".join(rows) + "\n  }" if rows else "{}"
+            rows[-1]["profile"] = True
+    return rows
 
 
 @dataclass

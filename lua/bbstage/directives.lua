@@ -10,23 +10,41 @@ local gsub, unpack, error, pcall, type, tonumber = string.gsub, table.unpack or 
 	tonumber
 local ipairs, pairs, select, tostring = ipairs, pairs, select, tostring
 
-M.MAX_SCRIPT_BYTES, M.MAX_LINE_BYTES, M.MAX_DIRECTIVES, M.MAX_ERRORS = 4194304, 4096, 256, 20
-M.MAX_HEADER_LINES = 65536
-local MAX_LINE, MAX_HEADER = 4096, 65536
-local UNITS = { [""] = 1, K = 2 ^ 10, M = 2 ^ 20, G = 2 ^ 30, T = 2 ^ 40, P = 2 ^ 50 }
-local STAGE_KEYS = { source = 1, destination = 1, checksum = 1, overwrite = 1, profile = 1 }
-local VALUES = { checksum = { none = 1, xxh3 = 1, blake2b = 1 }, overwrite = { always = 1, never = 1, newer = 1 } }
-local HINTS = { checksum = "none, xxh3 or blake2b", overwrite = "always, never or newer" }
--- #DW: verbs that stage (NNF's copy_in is DataWarp's stage_in), their keys, refused verbs,
--- jobdw's keys and values; capacity units as Slurm's suffix_mult ("GB" 10^9, "G" "GiB" 2^30)
-local DW_VERBS = { stage_in = "stage_in", stage_out = "stage_out", copy_in = "stage_in", copy_out = "stage_out" }
-local DW_STAGE_KEYS = { stage_in = { source = 1, destination = 1, type = 1 }, copy_in = { source = 1, destination = 1 } }
-DW_STAGE_KEYS.stage_out, DW_STAGE_KEYS.copy_out = DW_STAGE_KEYS.stage_in, DW_STAGE_KEYS.copy_in
-local DW_REFUSED = { persistentdw = "persistent", create_persistent = "persistent", destroy_persistent = "persistent",
-	swap = "swap", container = "container" }
-local JOBDW_KEYS = { capacity = 1, pool = 1, type = 1, access_mode = 1, name = 1 }
-local JOBDW_TYPES = { scratch = 1, xfs = 1, gfs2 = 1, lustre = 1 }
-local ACCESS_MODES = { striped = 1, private = 1, ["striped,private"] = 1, ["private,striped"] = 1 }
+-- The grammar's tables, by their names in bbstage/directives.py: bbstage_site.lua's `grammar`,
+-- written from there by `bbstage install-lua`; without it these, the same (tests/test_grammar.py).
+-- Capacity units are floats (2 ^ 10), the bare unit 1 alone an integer: Lua 5.3+ never overflows.
+local G = type(site) == "table" and site.grammar
+if not G then
+	G = { MAX_SCRIPT_BYTES = 4194304, MAX_LINE_BYTES = 4096, MAX_DIRECTIVES = 256, MAX_ERRORS = 20,
+		MAX_HEADER_LINES = 65536, MAX_CAPACITY = 2 ^ 53, VERBS = { stage_in = 1, stage_out = 1 },
+		STAGE_KEYS = { source = 1, destination = 1, checksum = 1, overwrite = 1, profile = 1 },
+		OPTION_VALUES = { checksum = { none = 1, xxh3 = 1, blake2b = 1 }, overwrite = { always = 1, never = 1, newer = 1 } },
+		OPTION_HINTS = { checksum = "none, xxh3 or blake2b", overwrite = "always, never or newer" },
+		UNITS = { [""] = 1, K = 2 ^ 10, M = 2 ^ 20, G = 2 ^ 30, T = 2 ^ 40, P = 2 ^ 50 },
+		-- #DW: verbs that stage (NNF's copy_in is DataWarp's stage_in), their keys, refused verbs,
+		-- jobdw's keys and values; capacity units as Slurm's suffix_mult ("GB" 10^9, "G" "GiB" 2^30)
+		DW_UNITS = {},
+		DW_VERBS = { stage_in = "stage_in", stage_out = "stage_out", copy_in = "stage_in", copy_out = "stage_out" },
+		DW_STAGE_KEYS = { stage_in = { source = 1, destination = 1, type = 1 }, copy_in = { source = 1, destination = 1 } },
+		DW_REFUSED = { persistentdw = "persistent", create_persistent = "persistent", destroy_persistent = "persistent",
+			swap = "swap", container = "container" },
+		JOBDW_KEYS = { capacity = 1, pool = 1, type = 1, access_mode = 1, name = 1 },
+		JOBDW_TYPES = { scratch = 1, xfs = 1, gfs2 = 1, lustre = 1 },
+		ACCESS_MODES = { striped = 1, private = 1, ["striped,private"] = 1, ["private,striped"] = 1 },
+		DW_SCRATCH_VARS = { "DW_JOB_STRIPED", "DW_JOB_PRIVATE" } }
+	local k = G.DW_STAGE_KEYS
+	k.stage_out, k.copy_out = k.stage_in, k.copy_in
+	for u, v in pairs(G.UNITS) do G.DW_UNITS[u] = v end
+	for e, u in ipairs({ "K", "M", "G", "T", "P" }) do G.DW_UNITS[u .. "IB"], G.DW_UNITS[u .. "B"] = 2 ^ (10 * e), 10 ^ (3 * e) end
+end
+M.GRAMMAR = G
+M.MAX_SCRIPT_BYTES, M.MAX_LINE_BYTES, M.MAX_DIRECTIVES = G.MAX_SCRIPT_BYTES, G.MAX_LINE_BYTES, G.MAX_DIRECTIVES
+M.MAX_ERRORS, M.MAX_HEADER_LINES = G.MAX_ERRORS, G.MAX_HEADER_LINES
+local MAX_LINE, MAX_HEADER, MAX_CAPACITY = G.MAX_LINE_BYTES, G.MAX_HEADER_LINES, G.MAX_CAPACITY
+local UNITS, DW_UNITS, VERBS, STAGE_KEYS, VALUES, HINTS = G.UNITS, G.DW_UNITS, G.VERBS, G.STAGE_KEYS,
+	G.OPTION_VALUES, G.OPTION_HINTS
+local DW_VERBS, DW_STAGE_KEYS, DW_REFUSED, JOBDW_KEYS = G.DW_VERBS, G.DW_STAGE_KEYS, G.DW_REFUSED, G.JOBDW_KEYS
+local JOBDW_TYPES, ACCESS_MODES, DW_SCRATCH_VARS = G.JOBDW_TYPES, G.ACCESS_MODES, G.DW_SCRATCH_VARS
 -- The URL schemes of the enabled backends, in order, with their rules: bbstage_site.lua's
 -- `schemes`, written by `bbstage install-lua` from the registry (bbstage.movers.url_rules),
 -- as bbstage/directives.py checks them; S3 alone without it.
@@ -40,9 +58,6 @@ for i, r in ipairs(SCHEMES) do
 end
 EXAMPLES = #EXAMPLES > 0 and table.concat(EXAMPLES, ", ") or "nothing else"
 TAKERS = table.concat(TAKERS, " and ")
-local DW_UNITS = {}
-for u, v in pairs(UNITS) do DW_UNITS[u] = v end
-for e, u in ipairs({ "K", "M", "G", "T", "P" }) do DW_UNITS[u .. "IB"], DW_UNITS[u .. "B"] = 2 ^ (10 * e), 10 ^ (3 * e) end
 -- "key<TAB>template": the code is the key up to "/"; identical to MESSAGES in directives.py.
 local MSGS = [[
 
@@ -425,7 +440,7 @@ end
 local function size_of(cap, units)
 	local d, u = match(cap, "^([0-9]+)([A-Za-z]*)$")
 	local size = d and units[upper(u)] and tonumber(d) * units[upper(u)]
-	if size and size > 0 and size < 2 ^ 53 then return size end
+	if size and size > 0 and size < MAX_CAPACITY then return size end
 end
 
 -- #DW jobdw: the job's scratch space (DataWarp or NNF), as pool= capacity=.
@@ -518,15 +533,15 @@ local function line(st, n, raw, kind)
 	if #keys == 0 then return end
 	if p == "#DW" then return dw_line(st, n, keys, vals, quoted) end
 	if keys[1] then return pool_line(st, n, keys, vals, quoted) end
-	if vals[1] == "stage_in" or vals[1] == "stage_out" then return stage(st, n, vals[1], keys, vals) end
+	if VERBS[vals[1]] then return stage(st, n, vals[1], keys, vals) end
 	fail("unknown-verb", vals[1])
 end
 
 -- parse(text) -> { directives = {...}, pool = name|nil, capacity = bytes|nil,
 --   scratch_names = {...}, errors = {...}, warnings = {...} }
 function M.parse(text)
-	local st = { directives = {}, dests = {}, dw_vars = { DW_JOB_STRIPED = true, DW_JOB_PRIVATE = true },
-		dw_names = { "DW_JOB_STRIPED", "DW_JOB_PRIVATE" } }
+	local st = { directives = {}, dests = {}, dw_vars = {}, dw_names = { unpack(DW_SCRATCH_VARS) } }
+	for _, v in ipairs(DW_SCRATCH_VARS) do st.dw_vars[v] = true end
 	local errors, warnings = {}, {}
 	local res = { directives = st.directives, errors = errors, warnings = warnings, scratch_names = {} }
 	if type(text) ~= "string" then text = "" end
