@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -160,3 +163,52 @@ def user_tree(path: Path, uid: int, gid: int) -> Path:
     for p in [path, *path.rglob("*")]:
         os.chown(p, uid, gid, follow_symlinks=False)
     return path
+
+
+@dataclass
+class Staging:
+    """A stage-in started on a daemon the 24.05+ way (setup, then data_in returns at once)."""
+
+    job: str  # the job id
+    script: str  # its script's path
+    source: Path
+    destination: Path
+    held: list[int]  # its workers, SIGSTOPped as they appeared (``hold``): SIGCONT them
+
+
+def stage_in_started(d: Daemon, area: Path, job: str, size: int, hold: bool = False) -> Staging:
+    """Job ``job`` staging a random file of ``size`` bytes from ``area/data`` to
+    ``area/out`` as the test user; returns once the daemon has started it. ``hold``: its
+    worker is stopped (SIGSTOP) as soon as it appears, so the transfer cannot end."""
+    from .campaign import worker_pids
+
+    uid, gid = user_ids()
+    for name in ("data", "out"):
+        (area / name).mkdir(exist_ok=True)
+        os.chown(area / name, uid, gid)
+    source, destination = area / "data" / f"{job}.dat", area / "out" / f"{job}.dat"
+    source.write_bytes(os.urandom(size))
+    os.chown(source, uid, gid)
+    path = script(area / f"{job}.sh", f"stage_in source={source} destination={destination}")
+    u, g = str(uid), str(gid)
+    assert d.hook("slurm_bb_setup", job, u, g, "scratch", "0", path, None)[0] == 0
+    held: list[int] = []
+    stop = threading.Event()
+
+    def catch() -> None:  # every worker of the daemon, stopped as it shows
+        while not stop.is_set():
+            for pid in set(worker_pids(d.proc.pid)) - set(held):
+                os.kill(pid, signal.SIGSTOP)
+                held.append(pid)
+            time.sleep(0.002)
+
+    catcher = threading.Thread(target=catch, daemon=True)
+    if hold:
+        catcher.start()
+    assert d.hook("slurm_bb_data_in", job, path, u, g, None)[0] == 0
+    if hold:
+        wait_until(lambda: held, 30, "the stage-in's worker")
+        stop.set()
+        catcher.join()
+        assert not destination.exists(), "the transfer ended before its worker was held"
+    return Staging(job, path, source, destination, held)

@@ -18,9 +18,15 @@ import pytest
 from bbstage.daemon import drain
 from bbstage.daemon.state import JobState
 
-from .campaign import worker_pids
 from .helpers import file_digest, wait_until
-from .hookharness import REPO, area, script, start_daemon, user_ids, user_tree  # noqa: F401
+from .hookharness import (  # noqa: F401
+    REPO,
+    area,
+    script,
+    stage_in_started,
+    start_daemon,
+    user_ids,
+)
 from .luas import ENDS, lua_fixture
 
 lua = lua_fixture(ENDS)
@@ -43,42 +49,31 @@ def hook_in_background(d, *args: str) -> subprocess.Popen[str]:  # type: ignore[
     )  # fmt: skip
 
 
-def cli(d, *args: str, user: str | None = None) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
-    return d.cli(*args, user=user)
+def setup_in_background(d, where: Path, job: str, source: Path):  # type: ignore[no-untyped-def]
+    """Slurm's setup of a new job (24.05+), asking in the background."""
+    uid, gid = user_ids()
+    path = script(where / f"{job}.sh", f"stage_in source={source} destination={where}/out/{job}")
+    return path, hook_in_background(d, "slurm_bb_setup", job, str(uid), str(gid), "scratch",
+                                    "0", path, "nil")  # fmt: skip
 
 
 def test_a_drain_fails_no_job_and_the_next_daemon_answers(
     area: Path,  # noqa: F811
     lua: str,
 ) -> None:
-    uid, gid = user_ids()
-    u, g = str(uid), str(gid)
     root = area / "daemon"
     d = start_daemon(root, lua=lua)
-    data = area / "data"
-    data.mkdir()
-    (data / "big.dat").write_bytes(os.urandom(192 << 20))
-    user_tree(data, uid, gid)
-    (area / "out").mkdir()
-    out = user_tree(area / "out", uid, gid)
-    held = script(area / "held.sh", f"stage_in source={data}/big.dat destination={out}/a.dat")
-    assert d.hook("slurm_bb_setup", "601", u, g, "scratch", "0", held, None)[0] == 0
-    assert d.hook("slurm_bb_data_in", "601", held, u, g, None)[0] == 0
-    wait_until(lambda: worker_pids(d.proc.pid), 30, "the stage-in's worker")
-    workers = worker_pids(d.proc.pid)
-    for pid in workers:  # held: it cannot end before the deadline
-        os.kill(pid, signal.SIGSTOP)
-    refused = cli(d, "drain", "--deadline", "0", user="bbuser1")
+    held = stage_in_started(d, area, "601", 256 << 20, hold=True)  # cannot end meanwhile
+    refused = d.cli("drain", "--deadline", "0", user="bbuser1")
     assert refused.returncode != 0 and "for root on this host" in refused.stderr
     started = time.monotonic()
-    drained = cli(d, "drain", "--deadline", "3")
+    drained = d.cli("drain", "--deadline", "3")
     assert drained.returncode == 0, drained.stderr
     assert "1 transfers running" in drained.stdout and "has stopped" in drained.stdout
     assert time.monotonic() - started >= 3  # the deadline, then stopped as on SIGTERM
     d.proc.wait(10)
-    # New work while no daemon runs: the hook asks again through the gap (24.05+'s setup).
-    late = script(area / "late.sh", f"stage_in source={data}/big.dat destination={out}/b.dat")
-    waiting = hook_in_background(d, "slurm_bb_setup", "602", u, g, "scratch", "0", late, "nil")
+    # New work while no daemon runs: the hook asks again through the gap.
+    _, waiting = setup_in_background(d, area, "602", held.source)
     time.sleep(2)
     assert waiting.poll() is None  # still asking
     d = start_daemon(root, lua=lua)
@@ -86,9 +81,9 @@ def test_a_drain_fails_no_job_and_the_next_daemon_answers(
         rc, _ = waiting.communicate(timeout=60)
         assert waiting.returncode == 0 and rc.startswith("rc=0"), rc
         # The held transfer resumes under the next daemon and lands whole.
-        assert d.hook("slurm_bb_data_in", "601", held) == (0, "")
-        assert file_digest(out / "a.dat") == file_digest(data / "big.dat")
-        status = json.loads(cli(d, "status", "--json", "602").stdout)
+        assert d.hook("slurm_bb_data_in", "601", held.script) == (0, "")
+        assert file_digest(held.destination) == file_digest(held.source)
+        status = json.loads(d.cli("status", "--json", "602").stdout)
         assert status["state"] in ("setup", "staging_in", "staged_in")
     finally:
         d.stop()
@@ -98,43 +93,30 @@ def test_new_work_during_a_drain_is_asked_again_and_answered_by_the_next_daemon(
     area: Path,  # noqa: F811
     lua: str,
 ) -> None:
-    """While the daemon drains (a running transfer keeps it), a setup and a data_in that
-    would start work are answered "again"; the hooks keep asking and the next daemon
-    answers them; the running transfer ends whole within the deadline."""
-    uid, gid = user_ids()
-    u, g = str(uid), str(gid)
+    """While the daemon drains (a running transfer keeps it), a setup that would start work
+    is answered "again"; the hook keeps asking and the next daemon answers it; the running
+    transfer ends whole within the deadline."""
     root = area / "daemon"
     d = start_daemon(root, lua=lua)
-    data = area / "data"
-    data.mkdir()
-    (data / "big.dat").write_bytes(os.urandom(64 << 20))
-    user_tree(data, uid, gid)
-    (area / "out").mkdir()
-    out = user_tree(area / "out", uid, gid)
-    running = script(area / "run.sh", f"stage_in source={data}/big.dat destination={out}/r.dat")
-    assert d.hook("slurm_bb_setup", "611", u, g, "scratch", "0", running, None)[0] == 0
-    assert d.hook("slurm_bb_data_in", "611", running, u, g, None)[0] == 0
-    wait_until(lambda: worker_pids(d.proc.pid), 30, "the stage-in's worker")
-    workers = worker_pids(d.proc.pid)
-    for pid in workers:
-        os.kill(pid, signal.SIGSTOP)
-    drained = cli(d, "drain", "--deadline", "60", "--no-wait")
+    running = stage_in_started(d, area, "611", 256 << 20, hold=True)
+    workers = running.held
+    drained = d.cli("drain", "--deadline", "60", "--no-wait")
     assert drained.returncode == 0, drained.stderr
-    new = script(area / "new.sh", f"stage_in source={data}/big.dat destination={out}/n.dat")
-    asking = hook_in_background(d, "slurm_bb_setup", "612", u, g, "scratch", "0", new, "nil")
+    new, asking = setup_in_background(d, area, "612", running.source)
     time.sleep(2)
     assert asking.poll() is None  # answered "again", asking again
     assert d.proc.poll() is None  # still draining: the transfer runs
     for pid in workers:
         os.kill(pid, signal.SIGCONT)
     d.proc.wait(60)  # the transfer ended: the daemon stopped by itself
-    assert file_digest(out / "r.dat") == file_digest(data / "big.dat")
+    assert file_digest(running.destination) == file_digest(running.source)
     d = start_daemon(root, lua=lua)
     try:
         rc, _ = asking.communicate(timeout=60)
         assert asking.returncode == 0 and rc.startswith("rc=0"), rc
-        assert d.hook("slurm_bb_data_in", "612", new, u, g, None)[0] == 0
-        wait_until(lambda: (out / "n.dat").exists(), 60, "the new job's stage-in")
+        uid, gid = user_ids()
+        assert d.hook("slurm_bb_data_in", "612", new, str(uid), str(gid), None)[0] == 0
+        wait_until(lambda: (area / "out" / "612").exists(), 60, "the new job's stage-in")
     finally:
         d.stop()
 
@@ -142,23 +124,10 @@ def test_new_work_during_a_drain_is_asked_again_and_answered_by_the_next_daemon(
 @pytest.mark.parametrize("lua", ["lua5.1"], indirect=True)
 def test_an_in_job_copy_during_a_drain_is_asked_again(area: Path, lua: str) -> None:  # noqa: F811
     """The client says the daemon drains and asks again (a running transfer keeps it)."""
-    uid, gid = user_ids()
     d = start_daemon(area / "daemon", lua=lua)
-    data = area / "data"
-    data.mkdir()
-    (data / "big.dat").write_bytes(os.urandom(16 << 20))
-    user_tree(data, uid, gid)
-    (area / "out").mkdir()
-    out = user_tree(area / "out", uid, gid)
-    job = script(area / "run.sh", f"stage_in source={data}/big.dat destination={out}/r.dat")
-    assert d.hook("slurm_bb_setup", "621", str(uid), str(gid), "scratch", "0", job, None)[0] == 0
-    assert d.hook("slurm_bb_data_in", "621", job, str(uid), str(gid), None)[0] == 0
-    wait_until(lambda: worker_pids(d.proc.pid), 30, "the stage-in's worker")
-    workers = worker_pids(d.proc.pid)
-    for pid in workers:
-        os.kill(pid, signal.SIGSTOP)
+    workers = stage_in_started(d, area, "621", 256 << 20, hold=True).held
     try:
-        drained = cli(d, "drain", "--deadline", "60", "--no-wait")
+        drained = d.cli("drain", "--deadline", "60", "--no-wait")
         assert drained.returncode == 0, drained.stderr
         copy = subprocess.Popen(
             [sys.executable, "-m", "bbstage.cli.main", "--config", str(d.config), "copy",

@@ -100,8 +100,10 @@ mkdir -p "$BB_SCRATCH/made" && cp -r {src}/. "$BB_SCRATCH/made/"
 
 
 def mid_stage(cluster: Cluster, job: str, directive: int = 0) -> bool:
-    status = cluster.status(job)
-    d = status.get("directives", [])
+    out = cluster.bbstage("status", "--json", job)
+    if out.returncode != 0:  # not known yet: Slurm has not called setup
+        return False
+    d = json.loads(out.stdout).get("directives", [])
     return bool(d) and d[directive]["state"] == "running" and d[directive]["files_done"] > 0
 
 
