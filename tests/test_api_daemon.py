@@ -161,6 +161,58 @@ def test_status_jobs_pools_over_the_api_match_the_local_socket(
     assert other.returncode == 3 and "no staging job of yours" in other.stderr
 
 
+FLOOD = """
+import atexit, selectors, signal, socket, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+atexit.register(lambda: print(made, flush=True))
+port, held, until = int(sys.argv[1]), int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+sel, made = selectors.DefaultSelector(), 0
+def connect():
+    global made
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.connect(("127.0.0.1", port))
+    except BlockingIOError:
+        pass
+    sel.register(s, selectors.EVENT_READ)
+    made += 1
+for _ in range(held):
+    connect()
+while time.monotonic() < until:  # held open, never a byte sent; closed: open another
+    for key, _ in sel.select(0.05):
+        sel.unregister(key.fileobj)
+        key.fileobj.close()
+        connect()
+"""
+
+
+@pytest.mark.parametrize("held", [40, 1000])
+def test_idle_connections_of_one_user_do_not_shut_another_out(
+    api: tuple[Daemon, int], area: Path, held: int
+) -> None:
+    """A hostile user on a login node (one address for all its users) holds idle TCP
+    connections to the API (40: under the bound of those waiting for their line; 1000: past
+    it, so that they put each other out) and opens another as each is closed, never sending
+    a credential; another user's requests from that address are all answered, none "busy"."""
+    d, port = api
+    running_job(d, area, "405")
+    flood = subprocess.Popen(
+        ["runuser", "-u", "bbuser2", "--", sys.executable, "-c", FLOOD, str(port), str(held), "30"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1)  # the flood holds its connections
+        answers = [cli(d, "status", "405", BBSTAGE_API=f"127.0.0.1:{port}") for _ in range(15)]
+    finally:
+        flood.terminate()
+        made = flood.communicate(timeout=30)[0]
+    busy = [a.stderr for a in answers if a.returncode != 0]
+    assert not busy, f"{len(busy)} of 15 not answered: {busy[0]}"
+    assert all("job 405:" in a.stdout for a in answers)
+    assert int(made) >= held  # the flood ran (its connections: as many as it could open)
+
+
 # -- in-job copies ----------------------------------------------------------------------------
 
 

@@ -7,11 +7,16 @@ uid comes from the credential, checked by the site's munged (``munge_socket``): 
 key, an expired or a replayed credential is refused by munged, and a credential seen before
 also by our own cache (``Replays``: munged forgets the ones it saw when it restarts).
 
-Bounded like the user socket: at most ``API_CONNECTIONS`` connections at once and
-``API_CONNECTIONS_PER_HOST`` from one address (past either: "busy" at once), the credential
-line within ``API_READ_TIMEOUT`` seconds and ``MAX_USER_REQUEST`` bytes, decoded by
-``API_DECODERS`` threads of their own (never on the hooks' event loop), then the uid's share
-of the user socket's allowance.
+Bounded like the user socket: the credential line within ``API_READ_TIMEOUT`` seconds and
+``MAX_USER_REQUEST`` bytes, decoded by ``API_DECODERS`` threads of their own (never on the
+hooks' event loop); at most ``API_CONNECTIONS`` requests served at once and
+``API_CONNECTIONS_PER_HOST`` from one address (past either: "busy"), then the uid's share of
+the user socket's allowance. A login node is one address for all its users, and anyone
+can hold connections open without sending a credential: so the bounds count only
+connections whose line has come in. Those still waiting for theirs are at most
+``API_UNPROVEN``; past that, the oldest of the address holding the most of them is closed
+for the newcomer. A client sends its credential as it connects, so one user's idle
+connections cannot keep another's requests out (docs/security.md, "Network API").
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ API_CONNECTIONS_PER_HOST = 32
 API_READ_TIMEOUT = 2.0  # seconds for the credential line: the client sends it on connecting
 API_WRITE_TIMEOUT = 5.0
 API_DECODERS = 4  # threads that ask munged to check credentials
+API_UNPROVEN = 256  # connections waiting for their line at once (the oldest gives way)
 REPLAY_ENTRIES = 1 << 16  # credentials remembered at most (each until it expires)
 
 
@@ -78,7 +84,9 @@ class Api:
         self.munge_socket = munge_socket
         self.replays = Replays()
         self._decoders = ThreadPoolExecutor(API_DECODERS, thread_name_prefix="munge")
-        self._open: Counter[str] = Counter()  # connections by peer address
+        self._open: Counter[str] = Counter()  # requests being served, by peer address
+        # Connections whose line has not come in, by address, each address's oldest first.
+        self._unproven: dict[str, dict[asyncio.StreamWriter, None]] = {}
         self._listener: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -98,20 +106,27 @@ class Api:
         uid = None
         counted = False
         try:
-            if (
+            self._wait_for_line(peer, writer)
+            try:
+                line = await asyncio.wait_for(reader.readline(), API_READ_TIMEOUT)
+            except (ValueError, asyncio.LimitOverrunError, TimeoutError):
+                line = None
+            finally:
+                self._proven(peer, writer)
+            if line == b"":  # closed before a byte came (or put out for a newer one)
+                return
+            if line is None:
+                body = _error(_BAD_LINE)
+            elif (
                 self._open.total() >= API_CONNECTIONS
                 or self._open[peer] >= API_CONNECTIONS_PER_HOST
             ):
-                body = _error(f"staging daemon busy: {self._open.total()} API connections are"
-                              " open; try again in a moment")  # fmt: skip
+                body = _error(f"staging daemon busy: {self._open.total()} API requests are"
+                              " being served; try again in a moment")  # fmt: skip
             else:
                 self._open[peer] += 1
                 counted = True
-                try:
-                    line = await asyncio.wait_for(reader.readline(), API_READ_TIMEOUT)
-                    uid, body = await self._answer(line.strip(), peer)
-                except (ValueError, asyncio.LimitOverrunError, TimeoutError):
-                    body = _error(_BAD_LINE)
+                uid, body = await self._answer(line.strip(), peer)
             writer.write(body)
             await asyncio.wait_for(writer.drain(), API_WRITE_TIMEOUT)
         except (ConnectionError, OSError, TimeoutError):
@@ -122,6 +137,23 @@ class Api:
                 if not self._open[peer]:
                     del self._open[peer]
             writer.close()
+
+    def _wait_for_line(self, peer: str, writer: asyncio.StreamWriter) -> None:
+        """Count ``writer`` as waiting for its line; past ``API_UNPROVEN`` such connections,
+        close the oldest of the address that holds the most of them."""
+        if sum(map(len, self._unproven.values())) >= API_UNPROVEN:
+            most = max(self._unproven, key=lambda host: len(self._unproven[host]))
+            oldest = next(iter(self._unproven[most]))
+            self._proven(most, oldest)
+            oldest.transport.abort()  # its readline ends: a dropped connection
+        self._unproven.setdefault(peer, {})[writer] = None
+
+    def _proven(self, peer: str, writer: asyncio.StreamWriter) -> None:
+        """``writer`` waits for its line no more (it came, or the connection ended)."""
+        waiting = self._unproven.get(peer, {})
+        waiting.pop(writer, None)
+        if not waiting:
+            self._unproven.pop(peer, None)
 
     async def _answer(self, credential: bytes, peer: str) -> tuple[int | None, bytes]:
         """(the caller's uid if authenticated, the reply); ``peer``: the client's address."""
