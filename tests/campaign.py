@@ -174,6 +174,7 @@ class Tally:
     violations: list[dict[str, Any]] = field(default_factory=list)
     missed: Counter[str] = field(default_factory=Counter)
     in_flight: int = 0  # faults injected while a transfer's temporary file existed
+    complete_kinds: Counter[str] = field(default_factory=Counter)  # complete jobs by kind
 
     def verified(self, size: int, s3: bool = False) -> None:
         self.files += 1
@@ -310,6 +311,11 @@ class Campaign:
         self.src["bigobj"] = {"bigobj": digest}
         self.proxy = FaultProxy(self.s3.endpoint, seed=self.args.seed).start()
         self.cleanups.append(self.proxy.stop)
+        # The users' profile names the proxy: the site allows it, or every S3 job is
+        # refused by the endpoint allow-list and its faults test nothing.
+        os.environ["BBSTAGE_S3_ALLOWED_EXTRA"] = self.proxy.url
+        self.cleanups.append(lambda: os.environ.pop("BBSTAGE_S3_ALLOWED_EXTRA", None))
+        self.up()
         self._profile()
 
     def _profile(self) -> None:
@@ -825,6 +831,8 @@ class Campaign:
         if job.cancelled:
             self.tally.outcomes["cancelled-by-campaign"] += 1
         self.tally.outcomes[job.outcome] += 1
+        if job.outcome == "complete":
+            self.tally.complete_kinds[job.kind] += 1
         if bad:
             self.violation(job, faults, bad, st)
 
@@ -928,6 +936,10 @@ class Campaign:
         if not self.tally.outcomes.get("complete"):
             self.log("no job completed: the workload itself is broken")
             return 1
+        # A kind of job that never completed tested nothing (say, every S3 job refused).
+        if never := sorted({j.kind for j in self.jobs} - set(self.tally.complete_kinds)):
+            self.log(f"no {', '.join(never)} job completed: the harness tests nothing of them")
+            return 1
         return 1 if self.tally.violations else 0
 
     def result(self) -> dict[str, Any]:
@@ -937,6 +949,7 @@ class Campaign:
             "slurm": self.version,
             "rounds": getattr(self, "rounds", 0),
             "complete_jobs": t.outcomes.get("complete", 0),
+            "complete_by_kind": dict(sorted(t.complete_kinds.items())),
             "seconds": round(time.monotonic() - self.started, 1),
             "faults": sum(t.faults.values()),
             "faults_by_kind": dict(sorted(t.faults.items())),
