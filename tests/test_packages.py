@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -301,3 +302,17 @@ def test_rpm_scriptlets_build_and_remove_the_venv(packages, tmp_path: Path) -> N
         assert __version__ in out and "/opt/bbstage/lib/python3.11/" in out
         in_root(root, "sh -e /tmp/postun 0")
         assert not (root / "opt/bbstage/bin").exists()
+
+
+def test_the_sdist_carries_the_shipped_files_and_builds_a_complete_wheel(tmp_path: Path) -> None:
+    """The sdist holds lua/ and daemon/ as the checkout does; a wheel built from it (as pip
+    does from PyPI) has them in bbstage/share/."""
+    run(sys.executable, "-m", "build", "--sdist", "-o", str(tmp_path), str(REPO))
+    (sdist,) = tmp_path.glob("bbstage-*.tar.gz")
+    tracked = run("git", "-C", str(REPO), "ls-files", "lua", "daemon").stdout.split()
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert set(tracked) <= names
+    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(sdist))
+    (wheel,) = tmp_path.glob("bbstage-*.whl")
+    assert {f"bbstage/share/{p}" for p in tracked} <= set(zipfile.ZipFile(wheel).namelist())
