@@ -21,6 +21,14 @@ def _config(args: argparse.Namespace) -> config.Config:
         sys.exit(f"bbstage: {exc}")
 
 
+class _Version(argparse.Action):
+    """``--version``: one line, never wrapped (argparse's own wraps a long path)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"bbstage {__version__} from {where()}")
+        parser.exit()
+
+
 def cmd_daemon(args: argparse.Namespace) -> int:
     from bbstage.daemon import service as daemon
 
@@ -253,7 +261,9 @@ def parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 staging failed or script invalid, 2 usage error, "
         "3 no such job of yours, 4 daemon not reachable.",
     )
-    p.add_argument("--version", action="version", version=f"bbstage {__version__} from {where()}")
+    p.add_argument(
+        "--version", action=_Version, nargs=0, help="show the version and where it runs from"
+    )
     p.add_argument(
         "--config",
         default=os.environ.get("BBSTAGE_CONFIG", str(config.DEFAULT_PATH)),
