@@ -105,7 +105,7 @@ class _Attempt:
         )
 
 
-class DaskExecutor:
+class DaskExecutor(fairshare.Queued):
     def __init__(
         self,
         movers: Movers,
@@ -141,19 +141,6 @@ class DaskExecutor:
     @property
     def idle(self) -> int:
         return 0
-
-    @property
-    def queued(self) -> int:
-        """Transfers waiting in their user's queue, not handed to Dask yet."""
-        return self._queue.waiting
-
-    def why(self, key: str) -> str | None:
-        """Why this transfer waits (for ``bbstage status``), or None if it does not."""
-        return self._queue.reason(key)
-
-    def users(self) -> dict[int, tuple[int, int]]:
-        """Each uid with transfers here: (queued, handed to Dask)."""
-        return self._queue.users()
 
     def submit(
         self,
@@ -226,9 +213,6 @@ class DaskExecutor:
             return
         for attempt in self._signal(key):
             self._wait(attempt, CANCEL_WAIT)
-
-    def hold(self) -> None:
-        self._queue.hold()
 
     def shutdown(self) -> None:
         """Cancel every running attempt (they resume on the next start) and disconnect."""

@@ -73,7 +73,7 @@ class _Worker:
 _Item = tuple[TransferSpec, Identity, Sink, "Future[Done]"]
 
 
-class TransferExecutor:
+class TransferExecutor(fairshare.Queued):
     def __init__(
         self,
         max_workers: int,
@@ -127,19 +127,6 @@ class TransferExecutor:
         """Worker processes waiting for their user's next transfer."""
         return len(self._idle)
 
-    @property
-    def queued(self) -> int:
-        """Transfers waiting for a worker slot."""
-        return self._queue.waiting
-
-    def why(self, key: str) -> str | None:
-        """Why this transfer waits (for ``bbstage status``), or None if it does not."""
-        return self._queue.reason(key)
-
-    def users(self) -> dict[int, tuple[int, int]]:
-        """Each uid with transfers here: (queued, running)."""
-        return self._queue.users()
-
     def submit(
         self,
         key: str,
@@ -173,9 +160,6 @@ class TransferExecutor:
             waiting[-1].set_exception(Cancelled())
             return
         self._stop([key])
-
-    def hold(self) -> None:
-        self._queue.hold()
 
     def shutdown(self) -> None:
         """Cancel the running transfers and end the idle workers, all at once: a shutdown

@@ -157,6 +157,26 @@ class Policy:
         return f"queued: {ahead} of your transfers ahead, {running} running; {share}"
 
 
+class Queued:
+    """What an executor answers from its ``Queue`` (``_queue``): the members of
+    ``contracts.Executor`` both executors share, documented there."""
+
+    _queue: Queue[Any]
+
+    @property
+    def queued(self) -> int:
+        return self._queue.waiting
+
+    def why(self, key: str) -> str | None:
+        return self._queue.reason(key)
+
+    def users(self) -> dict[int, tuple[int, int]]:
+        return self._queue.users()
+
+    def hold(self) -> None:
+        self._queue.hold()
+
+
 class Queue(Generic[T]):
     """A ``Policy`` made thread-safe, holding each waiting transfer's ``item`` (what its
     executor needs to run it) and handing the picked ones to ``start``, outside the lock."""
