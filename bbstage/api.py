@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bbstage import client, config
+from bbstage import client, clientconfig
 
 DONE_STATES = ("done", "failed", "cancelled")
 # How long ``wait`` without a timeout rides out an unreachable daemon (a restart: its copies
@@ -43,8 +43,8 @@ class Client:
     """Calls to the staging daemon for one job (``job_id``, default ``$SLURM_JOB_ID``)."""
 
     def __init__(self, config_path: str | Path | None = None, job_id: str | None = None) -> None:
-        path = config_path or os.environ.get("BBSTAGE_CONFIG") or config.DEFAULT_PATH
-        conf = config.load_client(path)  # where the daemon listens: nothing else
+        path = config_path or os.environ.get("BBSTAGE_CONFIG") or clientconfig.DEFAULT_PATH
+        conf = clientconfig.load_client(path)  # where the daemon listens: nothing else
         self.target = client.target(conf.user_socket, conf.api_address, conf.munge_socket)
         self._job_id = job_id or os.environ.get("SLURM_JOB_ID")
 

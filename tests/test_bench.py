@@ -229,6 +229,8 @@ def test_bench_spec_carries_no_account_table_as_the_engine_builds_it() -> None:
     s3 = {"endpoint_url": "http://127.0.0.1:1", "accounts": {"/etc/x": {}}}
     config = dataclasses.replace(Config(), backend_settings={"s3": s3})
     spec = make_spec("s3://b/k", "/tmp/k", "s3", "posix", config, tree=False, profile="site")
-    assert spec.source_options.s3 == {"endpoint_url": "http://127.0.0.1:1"}
+    # the typed [s3] (read once: its struct travels), without the account table
+    assert spec.source_options.s3.endpoint_url == "http://127.0.0.1:1"
+    assert spec.source_options.s3.accounts == {}
     assert spec.source_options.profile == "site"
     assert spec.destination_options is None  # the posix side carries nothing of S3

@@ -51,7 +51,7 @@ def bench_s3(opts: Options, src: Location, dst: Location) -> dict[str, Any]:
     from bbstage.movers.implementations import s3
 
     endpoint = os.environ.get("AWS_ENDPOINT_URL")  # the admin's own, for this run
-    s3conf = opts.config.backend_settings.get("s3", {})
+    s3conf = s3.S3Settings.from_config(opts.config.backend_settings.get("s3", {}))
     if endpoint:
         s3conf = s3.allow_endpoint(s3conf, endpoint)
         settings = {**opts.config.backend_settings, "s3": s3conf}

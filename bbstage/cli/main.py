@@ -7,14 +7,21 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bbstage import __version__, config, where
+# The client's commands read the config by clientconfig alone: a job step's Python may have
+# the client's libraries only (no msgspec). bbstage.config is imported where it is needed.
+from bbstage import __version__, clientconfig, where
+
+if TYPE_CHECKING:
+    from bbstage import config
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
 
 def _config(args: argparse.Namespace) -> config.Config:
+    from bbstage import config
+
     try:
         return config.load(args.config)
     except config.ConfigError as exc:
@@ -36,6 +43,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from bbstage import config
     from bbstage.cli import validate
 
     try:  # the site's backends and their URL rules ([backends] enabled, allowed_hosts)
@@ -63,7 +71,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
           f" {args.deadline:g} s")  # fmt: skip
     if args.no_wait:
         return EXIT_OK
-    socket = config.load_client(args.config).user_socket
+    socket = clientconfig.load_client(args.config).user_socket
     until = time.monotonic() + args.deadline + 60
     while time.monotonic() < until:
         try:
@@ -123,8 +131,8 @@ def _ask(args: argparse.Namespace, op: str, **fields: Any) -> Any:
     from bbstage.client import DaemonError, Unreachable, call, target
 
     try:
-        conf = config.load_client(args.config)
-    except config.ConfigError as exc:
+        conf = clientconfig.load_client(args.config)
+    except clientconfig.ConfigError as exc:
         sys.exit(f"bbstage: {exc}")
     try:
         return call(target(conf.user_socket, conf.api_address, conf.munge_socket), op, **fields)
@@ -139,7 +147,7 @@ def _job_client(args: argparse.Namespace) -> Any:
     try:
         client = api.Client(args.config, args.job)
         client.job_id  # noqa: B018  (refuses now when there is no job)
-    except (ValueError, config.ConfigError) as exc:
+    except (ValueError, clientconfig.ConfigError) as exc:
         sys.exit(f"bbstage: {exc}")
     return client
 
@@ -266,7 +274,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--config",
-        default=os.environ.get("BBSTAGE_CONFIG", str(config.DEFAULT_PATH)),
+        default=os.environ.get("BBSTAGE_CONFIG", str(clientconfig.DEFAULT_PATH)),
         help="daemon config file (default: $BBSTAGE_CONFIG or %(default)s)",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

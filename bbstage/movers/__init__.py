@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from importlib import import_module
 from typing import Any
 
+from bbstage.kinds import ConfigError
 from bbstage.movers.backends import Backend, UrlRule
 from bbstage.movers.base import (
     BackendOptions,
@@ -28,10 +29,10 @@ from bbstage.movers.base import (
 )
 
 __all__ = [
-    "Backend", "BackendOptions", "Cancelled", "FileTask", "Mover", "MoverOptions", "Progress",
-    "TransferError", "UrlRule", "backend", "check_settings", "enable", "enabled", "env_names",
-    "get", "known_implementations", "options_for", "preloads", "register_implementation",
-    "splits_files", "url_rules",
+    "Backend", "BackendOptions", "Cancelled", "ConfigError", "FileTask", "Mover", "MoverOptions",
+    "Progress", "TransferError", "UrlRule", "backend", "check_settings", "enable", "enabled",
+    "env_names", "get", "known_implementations", "options_for", "preloads",
+    "register_implementation", "splits_files", "url_rules",
 ]  # fmt: skip
 
 _IMPL = "bbstage.movers.implementations"
@@ -59,7 +60,7 @@ assert list(known_implementations) == sorted(known_implementations)  # as fsspec
 ALWAYS = ("posix", "s3")  # enabled without a word in the config (bbstage's first backends)
 _registry: dict[str, type[Backend]] = {}  # imported classes, by kind
 _enabled: set[str] = set(ALWAYS)
-_settings: dict[str, dict[str, Any]] = {}  # the daemon config's backend tables (check_settings)
+_settings: dict[str, Any] = {}  # the daemon config's backend tables, typed (check_settings)
 
 
 def register_implementation(kind: str, cls: type[Backend] | str, clobber: bool = False) -> None:
@@ -114,32 +115,39 @@ def url_rules() -> dict[str, UrlRule]:
     rules: dict[str, UrlRule] = {}
     for kind in enabled():
         cls = backend(kind)
-        rule = cls.site_rule(_settings.get(cls.section or "", {}))
+        rule = cls.site_rule(_settings.get(cls.section or ""))
         if rule is not None and kind in cls.schemes:
             rules[kind] = rule
     return rules
 
 
-def check_settings(sections: dict[str, dict[str, Any]]) -> None:
-    """Check each enabled backend's table of the daemon config (``[s3]``, ``[gs]``...);
-    ``TransferError`` names what is wrong. The tables are then this process's, for the URL
-    rules (``url_rules``) until the next ``enable``. Backends are imported only here, when a
-    config is read for a daemon, and when a transfer needs them."""
+def check_settings(
+    sections: dict[str, Any], source: str = "daemon config", deprecated: list[str] | None = None
+) -> dict[str, Any]:
+    """Each enabled backend's table of the daemon config (``[s3]``, ``[gs]``...) read into
+    its typed settings (``Backend.settings``; a missing table: the defaults), by table name;
+    ``ConfigError`` names what is wrong (``source``: the file). The tables are then this
+    process's, for the URL rules (``url_rules``) until the next ``enable``. Backends are
+    imported only here, when a config is read for a daemon, and when a transfer needs them."""
+    typed: dict[str, Any] = {}
     for kind in enabled():
         cls = backend(kind)
-        if cls.section is not None:
-            cls.check_settings(dict(sections.get(cls.section, {})))
+        if cls.section is not None and cls.section not in typed:
+            raw = sections.get(cls.section, {})
+            typed[cls.section] = cls.settings(raw, f"{source}: [{cls.section}]", deprecated)
     _settings.clear()
-    _settings.update((name, dict(table)) for name, table in sections.items())
+    _settings.update(typed)
+    return typed
 
 
 def options_for(
-    kind: str, sections: dict[str, dict[str, Any]], uid: int, directive: dict[str, str]
+    kind: str, sections: dict[str, Any], uid: int, directive: dict[str, str]
 ) -> BackendOptions | None:
-    """The typed options one side of a transfer carries to the worker (``Backend.options``)."""
+    """The typed options one side of a transfer carries to the worker (``Backend.options``),
+    from the backend's typed settings in ``sections`` (``check_settings``'s)."""
     cls = backend(kind)
-    raw = sections.get(cls.section, {}) if cls.section else {}
-    return cls.options(dict(raw), uid, directive)
+    table = sections.get(cls.section) if cls.section else None
+    return cls.options(cls.typed(table), uid, directive)
 
 
 def env_names(kinds: Iterable[str]) -> set[str]:

@@ -8,7 +8,10 @@ the string ``"module:Class"`` so that nothing is imported before it is used. It 
 * ``schemes`` and ``url_rule``: which URLs the directive parsers accept for it (the Python
   parser asks the registry; ``bbstage install-lua`` writes the same rules into
   ``bbstage_site.lua`` for the Lua one);
-* ``section`` and ``check_settings``: its table of the daemon config (``[s3]``, ``[gs]``);
+* ``section`` and ``settings_type``: its table of the daemon config (``[s3]``, ``[gs]``)
+  and that table's frozen type (``bbstage.settings.Settings``, defined in its module),
+  read once by ``settings`` (``verify`` adds what the types cannot say: a file exists);
+  the typed settings travel to the worker in its options, never read again;
 * ``options``: the typed per-transfer options it needs in the worker (a frozen dataclass,
   a subclass of ``BackendOptions``; ``None`` when it needs none), built by the daemon for
   the side of the transfer that is its own; the other side never sees them;
@@ -34,7 +37,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
+from bbstage.kinds import ConfigError
 from bbstage.movers.base import BackendOptions, TransferError
+from bbstage.settings import Settings, convert
 
 T, R = TypeVar("T"), TypeVar("R")
 INFOS = 16  # a listing without sizes: files asked for theirs at once (``Backend.infos``)
@@ -133,6 +138,7 @@ class Backend:
     # allowed_hosts lists (checked at sbatch by site_rule's rule, and again when connecting)
     port: ClassVar[int | None] = None
     section: ClassVar[str | None] = None  # its table of the daemon config
+    settings_type: ClassVar[type[Settings] | None] = None  # that table's type
     directive_keys: ClassVar[frozenset[str]] = frozenset()  # extra directive keys (profile=)
     env: ClassVar[tuple[str, ...]] = ()  # daemon environment variables its workers may see
     preload: ClassVar[tuple[str, ...]] = ()  # modules for the forkserver to import once
@@ -210,12 +216,45 @@ class Backend:
         By default nothing."""
 
     @classmethod
-    def check_settings(cls, raw: dict[str, Any]) -> None:
-        """Check this backend's table of the daemon config; raise ``TransferError`` naming
-        what is wrong. Nothing to check by default."""
+    def settings(
+        cls, raw: Any, where: str | None = None, deprecated: list[str] | None = None
+    ) -> Any:
+        """This backend's table of the daemon config (``raw``, as tomllib reads it) as its
+        ``settings_type`` (None for a backend without a table); ``ConfigError`` naming
+        ``where`` (default ``[section]``), the key and what was expected; old forms still
+        read are told in ``deprecated``."""
+        if cls.settings_type is None:
+            return None
+        where = where or f"[{cls.section}]"
+        typed = convert(raw, cls.settings_type, where, deprecated)
+        cls.verify(typed, where)
+        return typed
 
     @classmethod
-    def site_rule(cls, settings: dict[str, Any]) -> UrlRule | None:
+    def verify(cls, settings: Any, where: str) -> None:
+        """What the types cannot say of read settings (a file they name exists): raise
+        ``ConfigError``. Nothing by default."""
+
+    @classmethod
+    def check_settings(cls, raw: Any) -> Any:
+        """``settings``, its errors as ``TransferError`` (``daemon config [section] ...``)."""
+        try:
+            return cls.settings(raw, f"daemon config [{cls.section}]")
+        except ConfigError as exc:
+            raise TransferError(str(exc)) from None
+
+    @classmethod
+    def typed(cls, settings: Any) -> Any:
+        """This backend's typed settings: read ones as they are; None: the defaults; a table
+        (a dict: options built by hand, tests) read by ``check_settings``."""
+        if cls.settings_type is None or isinstance(settings, cls.settings_type):
+            return settings if cls.settings_type is not None else None
+        if settings is None:
+            return cls.settings_type()
+        return cls.check_settings(dict(settings))
+
+    @classmethod
+    def site_rule(cls, settings: Any) -> UrlRule | None:
         """``url_rule`` with this site's values from this backend's table of the config
         (``settings``), as the directive parsers check it at ``sbatch``: for a backend whose
         URLs name a host to reach (``port``), the hosts ``allowed_hosts`` lists (entries
@@ -225,16 +264,18 @@ class Backend:
         if rule is None or cls.port is None:
             return rule
         rule = replace(rule, port=cls.port, key=f"[{cls.section}] allowed_hosts")
-        hosts = frozenset(rule.host(str(e).strip()) for e in settings.get("allowed_hosts", []))
+        if isinstance(settings, dict):  # a table as written (tests): its entries as they are
+            allowed = settings.get("allowed_hosts", [])
+        else:
+            allowed = getattr(settings, "allowed_hosts", ())
+        hosts = frozenset(rule.host(str(e).strip()) for e in allowed)
         return replace(rule, hosts=hosts)
 
     @classmethod
-    def options(
-        cls, settings: dict[str, Any], uid: int, directive: dict[str, str]
-    ) -> BackendOptions | None:
-        """The options one side of a transfer needs in the worker, from this backend's table
-        of the config (``settings``), the job owner's ``uid`` (the daemon runs as root and
-        may read what the administrator mapped to that user) and the directive's options."""
+    def options(cls, settings: Any, uid: int, directive: dict[str, str]) -> BackendOptions | None:
+        """The options one side of a transfer needs in the worker, from this backend's typed
+        settings (``settings``, ``typed``), the job owner's ``uid`` (the daemon runs as root
+        and may read what the administrator mapped to that user) and the directive's options."""
         return None
 
     @classmethod

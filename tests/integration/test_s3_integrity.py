@@ -36,7 +36,7 @@ def extra(s3: S3Env, **conf: Any) -> dict[str, Any]:
 
 def stage(s3: S3Env, src: str, dst: str, **fields: Any) -> Planned:
     """Run a transfer as a worker does, with bbuser1's keys; its Planned event."""
-    conf = {k: fields.pop(k) for k in list(fields) if k in s3m.S3Settings.__dataclass_fields__}
+    conf = {k: fields.pop(k) for k in list(fields) if k in s3m.S3Settings.__struct_fields__}
     spec = TransferSpec.between(src, dst, job_id="it", **s3_sides(extra(s3, **conf)), **fields)
     return next(e for e in run_worker(spec).events if isinstance(e, Planned))
 

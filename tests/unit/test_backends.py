@@ -62,7 +62,7 @@ def test_a_posix_transfer_carries_no_s3_settings_or_secrets(tmp_path: Path) -> N
     # The S3 side has them (so the test above would see them if they leaked), the other none.
     assert isinstance(s3_spec.source_options, S3Options)
     assert s3_spec.source_options.credentials == {"key": "AK", "secret": "SECRET-S"}
-    assert "accounts" not in s3_spec.source_options.s3
+    assert s3_spec.source_options.s3.accounts == {}  # the typed [s3], without the accounts
     assert s3_spec.destination_options is None
 
 
@@ -203,11 +203,14 @@ def test_backends_section_enables_schemes_and_checks_their_tables(tmp_path: Path
     try:
         path.write_text('[backends]\nenabled = ["gs"]\n[gs]\nendpoint_url = "http://127.0.0.1:1"\n')
         loaded = config.load(path)
-        assert loaded.backends == ("gs",) and loaded.backend_settings["gs"]["endpoint_url"]
+        assert loaded.backends == ("gs",) and loaded.backend_settings["gs"].endpoint_url
         ok = "#!/bin/bash\n#BB_LUA stage_in source=gs://bkt/k destination=/x\n"
         assert parse(ok)["errors"] == []
         path.write_text('[backends]\nenabled = ["gs"]\n[gs]\nendpoint = "x"\n')
-        with pytest.raises(config.ConfigError, match=r"\[gs\]: unknown key 'endpoint'"):
+        with pytest.raises(
+            config.ConfigError,
+            match=r"\[gs\] unknown key 'endpoint' \(known: anonymous, endpoint_url, project\)",
+        ):
             config.load(path)
         path.write_text("[az]\n")
         with pytest.raises(config.ConfigError, match=r"add the backend to \[backends\] enabled"):

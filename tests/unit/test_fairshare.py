@@ -153,12 +153,22 @@ def test_the_config_names_the_policy_the_weights_and_the_stall_timeout() -> None
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ({"fairshare": {"policy": "lottery"}}, "policy: 'lottery' is not fair or fifo"),
+        ({"fairshare": {"policy": "lottery"}}, 'policy: expected fair or fifo, got "lottery"'),
         ({"fairshare": {"weights": {"nosuchuser-x": 2}}}, "weights.nosuchuser-x: no such user"),
-        ({"fairshare": {"weights": {"root": 0}}}, "weights.root: 0 is not above 0"),
-        ({"fairshare": {"weights": {"root": "2"}}}, "weights.root: '2' is not a number"),
-        ({"fairshare": {"share": 1}}, "unknown key(s) ['share']"),
-        ({"daemon": {"stall_timeout": 0}}, "stall_timeout: 0 is not above 0"),
+        (
+            {"fairshare": {"weights": {"root": 0}}},
+            "weights.root: expected a number above 0 (write it unquoted, e.g. 2), got 0",
+        ),
+        (
+            {"fairshare": {"weights": {"root": "2"}}},
+            'weights.root: expected a number above 0 (write it unquoted, e.g. 2), got "2"',
+        ),
+        ({"fairshare": {"share": 1}}, "[fairshare] unknown key 'share' (known: policy, weights)"),
+        (
+            {"daemon": {"stall_timeout": 0}},
+            "stall_timeout: expected a number of seconds above 0 (write it unquoted, e.g. 30),"
+            " got 0",
+        ),
     ],
 )
 def test_a_bad_fairshare_config_names_the_key(section: dict[str, Any], message: str) -> None:

@@ -20,7 +20,9 @@ def load(tmp_path: Path, text: str) -> config.Config:
 
 
 def s3_settings(tmp_path: Path, line: str) -> s3m.S3Settings:
-    return s3m.S3Settings.from_config(load(tmp_path, f"[s3]\n{line}\n").backend_settings["s3"])
+    settings = load(tmp_path, f"[s3]\n{line}\n").backend_settings["s3"]
+    assert isinstance(settings, s3m.S3Settings)
+    return settings
 
 
 @pytest.mark.parametrize("value", ["0o644", '"644"', '"0644"', '"0o644"', "420"])
@@ -69,7 +71,10 @@ def test_verify_is_a_boolean_or_a_ca_bundle_path(tmp_path: Path) -> None:
 def test_s3_numbers_are_not_booleans_or_cut_floats(tmp_path: Path, line: str, key: str) -> None:
     with pytest.raises(config.ConfigError, match=rf"\[s3\] {key}: "):
         load(tmp_path, f"[s3]\n{line}\n")
-    assert s3_settings(tmp_path, 'files_in_flight = "8"').files_in_flight == 8
+    # a quoted number is refused as everywhere in the file (it was read as 8 here alone)
+    with pytest.raises(config.ConfigError, match=r'\[s3\] files_in_flight: .*unquoted.*got "8"'):
+        load(tmp_path, '[s3]\nfiles_in_flight = "8"\n')
+    assert s3_settings(tmp_path, "files_in_flight = 8").files_in_flight == 8
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ SMALL = {"part_size": "5M", "multipart_threshold": "8M", "max_concurrency": 4}
 
 def run(src: str, dst: str, endpoint: str, **fields: Any) -> Planned:
     """Stage as a worker does (plan, select, copy with retries); the Planned event."""
-    s3 = {k: fields.pop(k) for k in list(fields) if k in s3m.S3Settings.__dataclass_fields__}
+    s3 = {k: fields.pop(k) for k in list(fields) if k in s3m.S3Settings.__struct_fields__}
     spec = TransferSpec.between(src, dst, job_id="7", **s3_sides(extra(endpoint, **s3)), **fields)
     return next(e for e in run_worker(spec).events if isinstance(e, Planned))
 

@@ -20,15 +20,15 @@ from typing import Any
 
 from bbstage.movers.backends import Into, UrlRule
 from bbstage.movers.base import BackendOptions, TransferError
-from bbstage.movers.implementations.endpoints import allows, endpoint_list
+from bbstage.movers.implementations.endpoints import Endpoints, allows
 from bbstage.movers.implementations.fsstore import (
     StoreBackend,
-    StoreOptions,
     remember,
     session_body,
     session_get,
 )
 from bbstage.movers.implementations.httpget import BlockingClient, Changed
+from bbstage.settings import Settings
 
 AZURE_CONNECTION = ".config/bbstage/azure-connection-string"  # under the user's home
 # Azure's own Blob endpoints (the public cloud's, China's, the US government's): allowed
@@ -40,13 +40,20 @@ AZURE_DOMAINS = (
 )
 
 
+class AzureSettings(Settings, frozen=True):
+    """``[az]`` of the daemon config: the endpoints a user's connection string may name
+    besides Azure's own."""
+
+    allowed_endpoints: Endpoints = ()
+
+
 class AzureBackend(StoreBackend):
     """``az://container/path`` (and ``abfs://``): Azure Blob Storage through adlfs, with the
     user's own connection string (``~/.config/bbstage/azure-connection-string``)."""
 
     name, schemes, section, protocol = "az", ("az", "abfs"), "az", "az"
     # the endpoint is the connection string's: one the site has not allowed is refused
-    settings_keys = frozenset({"allowed_endpoints"})
+    settings_type = AzureSettings
     url_rule = UrlRule(
         what="Azure container",
         rules="container names have 3-63 characters a-z 0-9 - and start and end with a"
@@ -70,7 +77,7 @@ class AzureBackend(StoreBackend):
     ranges = (64 << 20, 8)
 
     @classmethod
-    def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
+    def kwargs(cls, settings: Any, url: str) -> dict[str, Any]:
         path = os.path.join(os.path.expanduser("~"), AZURE_CONNECTION)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -88,15 +95,7 @@ class AzureBackend(StoreBackend):
         return {"connection_string": text}
 
     @classmethod
-    def check_settings(cls, raw: dict[str, Any]) -> None:
-        try:
-            endpoint_list(raw.get("allowed_endpoints", []))
-        except ValueError as exc:
-            raise TransferError(f"daemon config [az] allowed_endpoints: {exc}") from None
-        super().check_settings({k: v for k, v in raw.items() if k != "allowed_endpoints"})
-
-    @classmethod
-    def check_endpoint(cls, settings: dict[str, Any], service: Any) -> None:
+    def check_endpoint(cls, settings: Any, service: Any) -> None:
         """Refuse a connection string whose endpoints (the service's, and its secondary's
         if it names one) the site has not allowed: a user's connection string must not
         make a transfer node reach any host and port it can (a management network,
@@ -104,7 +103,7 @@ class AzureBackend(StoreBackend):
         national clouds'), and each of ``[az] allowed_endpoints`` (``host:port`` means
         https; an ``http://`` endpoint only when listed as such). Checked before any
         request is made."""
-        entries = settings.get("allowed_endpoints", [])
+        entries = cls.typed(settings).allowed_endpoints
         for host in (service.primary_hostname, service.secondary_hostname):
             url = f"{service.scheme}://{host}"  # (Azurite's names the account after a "/")
             if host and not allows(entries, url, AZURE_DOMAINS):
@@ -125,7 +124,7 @@ class AzureBackend(StoreBackend):
         from fsspec.implementations.http import HTTPFileSystem
 
         fs = super().filesystem(options, url)
-        settings = options.settings if isinstance(options, StoreOptions) else {}
+        settings = cls.of(options)
         proxied = any(os.environ.get(name) for name in cls.env)
         if not proxied:
             from azure.storage.blob.aio import BlobServiceClient

@@ -10,6 +10,8 @@ import urllib.parse
 from collections.abc import Iterable
 from typing import Any
 
+from bbstage.kinds import Kind, expected
+
 
 def endpoint_of(value: Any) -> tuple[str, str, int]:
     """(scheme, host, port) of a store's endpoint, as an allow-list of the daemon config
@@ -52,3 +54,33 @@ def allows(entries: Iterable[str], endpoint: str, own: tuple[str, ...] = ()) -> 
     if wanted[0] == "https" and wanted[1].endswith(own):
         return True
     return wanted in {endpoint_of(e) for e in entries}
+
+
+class Endpoint(str, Kind):
+    """A store's endpoint (``endpoint_of``)."""
+
+    what = "a URL (https://host[:port]) or host:port"
+
+    @classmethod
+    def check(cls, value: Any) -> str:
+        try:
+            endpoint_of(value)
+        except ValueError:
+            raise expected(cls.what, value) from None
+        return str(value)
+
+
+class Endpoints(tuple, Kind):  # type: ignore[type-arg]
+    """``allowed_endpoints``: a list of ``Endpoint``."""
+
+    what = 'a list of URLs or host:port (e.g. ["https://s3.example.org", "10.0.0.5:7480"])'
+
+    @classmethod
+    def check(cls, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list):
+            raise expected(cls.what, value)
+        for each in value:
+            if not isinstance(each, str):
+                raise expected(cls.what, value)
+            Endpoint.check(each)
+        return tuple(value)

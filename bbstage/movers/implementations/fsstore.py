@@ -3,9 +3,10 @@
 side of a transfer each carries to the worker (its table of the daemon config, never a
 credential).
 
-``StoreBackend`` does what every such store does alike: its config table checked
-(``check_settings``; ``allowed_hosts`` for a backend whose URLs name a host to reach, checked
-again before any connection, ``check_host``), its fsspec filesystem made per transfer, and
+``StoreBackend`` does what every such store does alike: its config table read into its
+typed settings (each backend's ``Settings`` subclass; ``allowed_hosts``, the ``Hosts`` kind,
+for a backend whose URLs name a host to reach, checked again before any connection,
+``check_host``), its fsspec filesystem made per transfer, and
 the version of each file a listing names kept (``remember``), for each range of a big file
 to be read from that version alone. Beside it, the plain GETs through an fsspec HTTP
 session that Azure's signed reads and HTTPS's redirected ones share (``session_get``,
@@ -21,9 +22,10 @@ import os
 import re
 import urllib.parse
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from bbstage.kinds import ConfigError, Kind, expected
 from bbstage.movers.backends import Backend, Into
 from bbstage.movers.base import BackendOptions, TransferError
 from bbstage.movers.implementations.httpget import (
@@ -39,12 +41,29 @@ RANGE_PIECE = 1 << 20  # a streamed range's bytes are handed on in pieces of up 
 HOST_ENTRY = re.compile(r"[0-9A-Za-z._-]+(?::([0-9]+))?")  # an allowed_hosts entry: host[:port]
 
 
+class Hosts(tuple, Kind):  # type: ignore[type-arg]
+    """``allowed_hosts``: a list of ``host`` or ``host:port``."""
+
+    what = 'a list of host or host:port (e.g. ["data.example.org", "mirror.example.org:8443"])'
+
+    @classmethod
+    def check(cls, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list):
+            raise expected(cls.what, value)
+        for entry in value:
+            m = HOST_ENTRY.fullmatch(entry.strip()) if isinstance(entry, str) else None
+            if m is None or int(m[1] or 0) > 65535:
+                raise expected(f"host or host:port in the list ({cls.what})", entry)
+        return tuple(value)
+
+
 @dataclass(frozen=True)
 class StoreOptions(BackendOptions):
-    """A store's side of a transfer: its table of the daemon config (endpoints, a CA
-    bundle); never a credential (those are the user's own, in their home)."""
+    """A store's side of a transfer: its typed settings, as the daemon read its table
+    (endpoints, a CA bundle); never a credential (those are the user's own, in their home).
+    A dict (options built by hand: tests) is read when the filesystem is made."""
 
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: Any = None
 
 
 class StoreBackend(Backend):
@@ -55,37 +74,23 @@ class StoreBackend(Backend):
     # a big file from the store: ranges of this size, this many at once (None: one stream);
     # each backend sets its own, measured against rclone on its local server
     ranges: ClassVar[tuple[int, int] | None] = (8 << 20, 8)
-    settings_keys: ClassVar[frozenset[str]] = frozenset()  # keys of its config table
     env = ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy")
     preload = ("fsspec", "aiohttp")
 
     @classmethod
-    def check_settings(cls, raw: dict[str, Any]) -> None:
-        for key, value in raw.items():
-            if key not in cls.settings_keys:
-                known = ", ".join(sorted(cls.settings_keys))
-                raise TransferError(f"daemon config [{cls.section}]: unknown key {key!r} ({known})")
-            if key == "allowed_hosts":
-                if not isinstance(value, list):
-                    raise TransferError(
-                        f"daemon config [{cls.section}] allowed_hosts: {value!r} is not a list"
-                        ' (write ["host", "host:port"])'
-                    )
-                for entry in value:
-                    m = HOST_ENTRY.fullmatch(entry.strip()) if isinstance(entry, str) else None
-                    if m is None or int(m[1] or 0) > 65535:
-                        raise TransferError(
-                            f"daemon config [{cls.section}] allowed_hosts: {entry!r} is not"
-                            " host or host:port"
-                        )
-            elif not isinstance(value, str):
-                raise TransferError(f"daemon config [{cls.section}] {key}: {value!r} is not text")
-        bundle = raw.get("ca_bundle")
+    def verify(cls, settings: Any, where: str) -> None:
+        bundle = getattr(settings, "ca_bundle", None)
         if bundle is not None and not os.path.isfile(bundle):
-            raise TransferError(f"daemon config [{cls.section}] ca_bundle: no file {bundle}")
+            raise ConfigError(f"{where} ca_bundle: no file {bundle}")
 
     @classmethod
-    def check_host(cls, settings: dict[str, Any], url: str) -> None:
+    def of(cls, options: BackendOptions | None) -> Any:
+        """The typed settings a transfer's side carries (``StoreOptions``; the defaults
+        without)."""
+        return cls.typed(options.settings if isinstance(options, StoreOptions) else None)
+
+    @classmethod
+    def check_host(cls, settings: Any, url: str) -> None:
         """Refuse a URL whose host:port the site has not listed in ``[section] allowed_hosts``
         (backends whose URL names the host to reach: ``port`` is its default port): a
         user's URL must not make a transfer node reach any host and port it can (a
@@ -93,7 +98,7 @@ class StoreBackend(Backend):
         cls.host_check(settings)(url)
 
     @classmethod
-    def host_check(cls, settings: dict[str, Any]) -> Callable[[str], None]:
+    def host_check(cls, settings: Any) -> Callable[[str], None]:
         """``check_host`` for these ``settings``, the site's rule built once (a client checks
         every connection it opens: 1,000 small files, 2,000 checks)."""
         rule = cls.site_rule(settings)
@@ -126,13 +131,11 @@ class StoreBackend(Backend):
         return check
 
     @classmethod
-    def options(
-        cls, settings: dict[str, Any], uid: int, directive: dict[str, str]
-    ) -> BackendOptions | None:
-        return StoreOptions(dict(settings))
+    def options(cls, settings: Any, uid: int, directive: dict[str, str]) -> BackendOptions | None:
+        return StoreOptions(settings)
 
     @classmethod
-    def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
+    def kwargs(cls, settings: Any, url: str) -> dict[str, Any]:
         """The fsspec filesystem's arguments."""
         return {}
 
@@ -140,7 +143,7 @@ class StoreBackend(Backend):
     def filesystem(cls, options: BackendOptions | None, url: str) -> Any:
         import fsspec
 
-        settings = options.settings if isinstance(options, StoreOptions) else {}
+        settings = cls.of(options)
         cls.check_host(settings, url)
         fs = fsspec.filesystem(cls.protocol, skip_instance_cache=True, **cls.kwargs(settings, url))
         # the files listed, the last VERSIONS: path -> (size, version_of); each range of

@@ -12,19 +12,31 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from bbstage.kinds import Text
 from bbstage.movers.backends import UrlRule
 from bbstage.movers.base import BackendOptions, TransferError
 from bbstage.movers.implementations.endpoints import endpoint_of
-from bbstage.movers.implementations.fsstore import StoreBackend, StoreOptions
+from bbstage.movers.implementations.fsstore import StoreBackend
+from bbstage.settings import Settings
+
+
+class GCSSettings(Settings, frozen=True):
+    """``[gs]`` of the daemon config (docs/configuration.md). ``anonymous``: no credentials
+    (public buckets, the emulator); its old string form ``"true"`` is still read."""
+
+    endpoint_url: Text | None = None
+    project: Text | None = None
+    anonymous: bool = False
+    legacy_flags = frozenset({"anonymous"})
 
 
 class GCSBackend(StoreBackend):
     """``gs://bucket/key``: Google Cloud Storage through gcsfs, with the user's application
     default credentials. ``[gs] endpoint_url`` for a private endpoint (or the emulator, with
-    ``anonymous = "true"`` for tests)."""
+    ``anonymous = true`` for tests)."""
 
     name, schemes, section, protocol = "gs", ("gs",), "gs", "gs"
-    settings_keys = frozenset({"endpoint_url", "project", "anonymous"})
+    settings_type = GCSSettings
     url_rule = UrlRule(
         what="GCS bucket",
         rules="bucket names have 3-63 characters a-z 0-9 . _ - and start and end with a"
@@ -44,12 +56,13 @@ class GCSBackend(StoreBackend):
     put_block = 50 << 20
 
     @classmethod
-    def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
-        args: dict[str, Any] = {"token": "anon" if settings.get("anonymous") == "true" else None}
-        if settings.get("endpoint_url"):
-            args["endpoint_url"] = settings["endpoint_url"]
-        if settings.get("project"):
-            args["project"] = settings["project"]
+    def kwargs(cls, settings: Any, url: str) -> dict[str, Any]:
+        settings = cls.typed(settings)
+        args: dict[str, Any] = {"token": "anon" if settings.anonymous else None}
+        if settings.endpoint_url:
+            args["endpoint_url"] = str(settings.endpoint_url)
+        if settings.project:
+            args["project"] = str(settings.project)
         return args
 
     @classmethod
@@ -59,8 +72,7 @@ class GCSBackend(StoreBackend):
         a private endpoint or the emulator does not answer (a minute of retries per bucket)."""
         from gcsfs.core import GCSFileSystem
 
-        settings = options.settings if isinstance(options, StoreOptions) else {}
-        args = cls.kwargs(settings, url)
+        args = cls.kwargs(cls.of(options), url)
         if args["token"] is None:
             args["token"] = user_google_credentials()
         return GCSFileSystem(skip_instance_cache=True, **args)

@@ -14,15 +14,25 @@ import collections
 from collections.abc import Iterator
 from typing import Any
 
+from bbstage.kinds import FilePath
 from bbstage.movers.backends import Into, UrlRule, at_once
 from bbstage.movers.base import BackendOptions, TransferError
 from bbstage.movers.implementations.fsstore import (
+    Hosts,
     StoreBackend,
-    StoreOptions,
     session_body,
     session_get,
 )
 from bbstage.movers.implementations.httpget import BlockingClient, keep, tls_context
+from bbstage.settings import Settings
+
+
+class HTTPSSettings(Settings, frozen=True):
+    """``[https]`` of the daemon config: a CA bundle besides the system's, and the hosts a
+    URL may name."""
+
+    ca_bundle: FilePath | None = None
+    allowed_hosts: Hosts = ()
 
 
 class HTTPSBackend(StoreBackend):
@@ -32,7 +42,7 @@ class HTTPSBackend(StoreBackend):
 
     name, schemes, section, protocol = "https", ("https",), "https", "https"
     read_only = True
-    settings_keys = frozenset({"ca_bundle", "allowed_hosts"})
+    settings_type = HTTPSSettings
     port = 443
     # 64 MiB x 4, each range read in its own thread over libcurl (BlockingClient). 1 GiB
     # from nginx on this machine, in-process as the bench, beside rclone (4 streams), the
@@ -53,9 +63,10 @@ class HTTPSBackend(StoreBackend):
     )
 
     @classmethod
-    def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
+    def kwargs(cls, settings: Any, url: str) -> dict[str, Any]:
+        settings = cls.typed(settings)
         return {
-            "get_client": _ssl_client(settings.get("ca_bundle"), settings),
+            "get_client": _ssl_client(_bundle(settings), settings),
             "simple_links": False,
         }
 
@@ -65,8 +76,8 @@ class HTTPSBackend(StoreBackend):
         reads (``httpget.BlockingClient``), verifying and checking hosts as fsspec's
         client does."""
         fs = super().filesystem(options, url)
-        settings = options.settings if isinstance(options, StoreOptions) else {}
-        fs.blocking = BlockingClient(settings.get("ca_bundle"), cls.host_check(settings))
+        settings = cls.of(options)
+        fs.blocking = BlockingClient(_bundle(settings), cls.host_check(settings))
         fs.urls = collections.OrderedDict()  # path -> its URL, encoded (_url)
         return fs
 
@@ -184,7 +195,11 @@ class HTTPSBackend(StoreBackend):
         return unquote(rel)
 
 
-def _ssl_client(bundle: str | None, allowed: dict[str, Any]) -> Any:
+def _bundle(settings: HTTPSSettings) -> str | None:
+    return str(settings.ca_bundle) if settings.ca_bundle else None
+
+
+def _ssl_client(bundle: str | None, allowed: HTTPSSettings) -> Any:
     """An aiohttp session factory (fsspec's ``get_client``) verifying TLS by ``tls_context``.
     Each connection's host:port is checked against ``allowed_hosts`` (``allowed``: the
     settings) before it is opened, a redirect's too."""

@@ -15,8 +15,9 @@ import os
 from typing import Any
 
 from bbstage.movers.backends import Into, UrlRule
-from bbstage.movers.implementations.fsstore import StoreBackend
+from bbstage.movers.implementations.fsstore import Hosts, StoreBackend
 from bbstage.movers.implementations.httpget import Changed
+from bbstage.settings import Settings
 
 # The ciphers an SFTP connection asks for first where the CPU has AES instructions, before
 # asyncssh's own order (chacha20-poly1305 first), as rclone's Go client does: 1 GiB up to the
@@ -39,6 +40,12 @@ def cpu_has_aes(cpuinfo: str = "/proc/cpuinfo") -> bool:
         return False
 
 
+class SFTPSettings(Settings, frozen=True):
+    """``[sftp]`` of the daemon config: the hosts a URL may name."""
+
+    allowed_hosts: Hosts = ()
+
+
 class SFTPBackend(StoreBackend):
     """``sftp://[user@]host[:port]/path``: through sshfs (asyncssh), with the user's keys and
     ``known_hosts`` in ``~/.ssh`` (an unknown host key is refused)."""
@@ -50,7 +57,7 @@ class SFTPBackend(StoreBackend):
     # 287-308 MB/s: 32 x 4 606 MB/s, 64 x 2 606, 128 x 2 623, 1024 x 1 626 (1.6 s of CPU
     # against rclone's 3.2-3.6 s); a seeked handle's joined reads had been 240 (4.5 s)
     ranges = (32 << 20, 4)
-    settings_keys = frozenset({"allowed_hosts"})
+    settings_type = SFTPSettings
     env = ()
     preload = ("fsspec", "sshfs")
     url_rule = UrlRule(
@@ -130,7 +137,7 @@ class SFTPBackend(StoreBackend):
         fs.invalidate_cache(path)
 
     @classmethod
-    def kwargs(cls, settings: dict[str, Any], url: str) -> dict[str, Any]:
+    def kwargs(cls, settings: Any, url: str) -> dict[str, Any]:
         from fsspec.utils import infer_storage_options
 
         where = infer_storage_options(url)

@@ -65,6 +65,7 @@ class S3Backend(Backend):
         high=63,
     )
     section = "s3"
+    settings_type = S3Settings
     directive_keys = frozenset({"profile"})
     # Read by botocore and aiohttp; never AWS_* (root's keys, container-role URIs): the
     # user's own ~/.aws files and [s3.accounts] are the only credentials.
@@ -83,13 +84,7 @@ class S3Backend(Backend):
     assembles_pieces = True
 
     @classmethod
-    def check_settings(cls, raw: dict[str, Any]) -> None:
-        S3Settings.from_config(raw)
-
-    @classmethod
-    def options(
-        cls, settings: dict[str, Any], uid: int, directive: dict[str, str]
-    ) -> BackendOptions | None:
+    def options(cls, settings: Any, uid: int, directive: dict[str, str]) -> BackendOptions | None:
         return s3_options(settings, uid, directive.get("profile"))
 
     @classmethod

@@ -44,7 +44,7 @@ class _S3Mover(Mover):
     def __init__(self, options: MoverOptions) -> None:
         super().__init__(options)
         mine = options.side(S3Options) or S3Options()
-        self.settings = S3Settings.from_config(dict(mine.s3))
+        self.settings = mine.s3  # read by the daemon (S3Options)
         self.profile: str | None = mine.profile or None
         if mine.credentials_error:
             raise TransferError(mine.credentials_error)

@@ -12,99 +12,122 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import structlog
 
+from bbstage.kinds import (
+    ConfigError,
+    Count,
+    FilePath,
+    Kind,
+    Seconds,
+    Size,
+    Text,
+    choice,
+    expected,
+    shown,
+)
 from bbstage.movers import retrying
 from bbstage.movers.base import BackendOptions, TransferError
-from bbstage.movers.implementations.endpoints import allows, endpoint_list, endpoint_of
-from bbstage.units import parse_size
+from bbstage.movers.implementations.endpoints import Endpoint, Endpoints, allows
+from bbstage.settings import Settings, convert
 
 log = structlog.get_logger("bbstage.s3")
 
 MiB = 1 << 20
 
 
-@dataclass(frozen=True)
-class S3Settings:
-    """``[s3]`` of the daemon config (docs/configuration.md). Defaults measured on RGW."""
+class Mode(int, Kind):
+    """A file mode (``parse_mode``)."""
 
-    endpoint_url: str | None = None
-    region: str = "us-east-1"
-    addressing_style: str | None = None  # "path" when endpoint_url is set, else botocore's "auto"
-    verify: bool | str = True  # TLS verification, or a CA bundle path
-    part_size: int = 16 * MiB
-    multipart_threshold: int = 32 * MiB
-    max_concurrency: int = 8  # upload parts in flight per transfer
-    download_concurrency: int = 4  # ranged GETs at once per big download (1 = one streamed GET)
-    files_in_flight: int = 128  # objects moving at once (their bytes within budget.HELD)
-    max_pool_connections: int = 128
-    connect_timeout: float = 10.0
-    read_timeout: float = 60.0
-    # botocore's (and obstore's) tries per request, beneath bbstage's own (retrying.REQUEST)
-    retries: int = retrying.LIBRARY_TRIES
-    payload_signing: bool = False  # SHA-256 of every upload body (costs CPU; TLS covers it)
-    checksums: str = "when_required"  # botocore's request/response checksum calculation
-    file_mode: int = 0o644  # mode of downloaded files (directories get the x bits too)
-    # Endpoints a user's own endpoint_url (~/.aws/config) may name, besides endpoint_url
-    allowed_endpoints: tuple[str, ...] = ()
+    what = 'a mode from 0o000 to 0o777 (write 0o644 or "644"; a decimal 644 is 0o1204)'
 
     @classmethod
-    def from_config(cls, raw: dict[str, Any]) -> S3Settings:
-        """Check and convert ``[s3]``: TOML types are required where a quoted value would be
-        read wrongly (``payload_signing = "false"`` is an error, not true)."""
-        sizes = {"part_size", "multipart_threshold"}
-        ints = {"max_concurrency", "download_concurrency", "files_in_flight"}
-        ints |= {"max_pool_connections", "retries"}
-        floats = {"connect_timeout", "read_timeout"}
-        kwargs: dict[str, Any] = {}
-        for key, value in raw.items():
-            if key == "accounts":
-                continue
-            try:
-                if key in sizes:
-                    kwargs[key] = parse_size(value)
-                elif key in ints:
-                    kwargs[key] = _whole(value)
-                    if kwargs[key] < 1:
-                        raise ValueError("must be at least 1")
-                elif key in floats:
-                    if isinstance(value, bool):
-                        raise ValueError(f"{value!r} is not a number of seconds")
-                    kwargs[key] = float(value)
-                elif key == "payload_signing":
-                    if not isinstance(value, bool):
-                        raise ValueError(f"{value!r}: use true or false (unquoted)")
-                    kwargs[key] = value
-                elif key == "verify":
-                    kwargs[key] = _verify(value)
-                elif key == "file_mode":
-                    kwargs[key] = parse_mode(value)
-                elif key == "checksums":
-                    if value not in ("when_required", "when_supported"):
-                        raise ValueError("use when_required or when_supported")
-                    kwargs[key] = value
-                elif key == "addressing_style":
-                    if value not in ("path", "virtual", "auto"):
-                        raise ValueError("use path, virtual or auto")
-                    kwargs[key] = value
-                elif key == "allowed_endpoints":
-                    kwargs[key] = endpoint_list(value)
-                elif key == "endpoint_url":
-                    if value:
-                        endpoint_of(value)
-                    kwargs[key] = str(value) or None
-                elif key == "region":
-                    kwargs[key] = str(value) or None
-                else:
-                    raise TransferError(
-                        f"daemon config [s3]: unknown key {key!r} (see docs/configuration.md)"
-                    )
-            except (TypeError, ValueError) as exc:
-                raise TransferError(f"daemon config [s3] {key}: {exc}") from None
-        settings = cls(**kwargs)
-        if settings.part_size < 5 * MiB:
-            raise TransferError("daemon config [s3] part_size: S3 needs at least 5M")
-        return settings
+    def check(cls, value: Any) -> int:
+        try:
+            return parse_mode(value)
+        except ValueError:
+            raise expected(cls.what, value) from None
+
+
+class S3Account(Settings, frozen=True):
+    """``[s3.accounts.<user>]``: the credentials the administrator maps to a user: keys
+    (``access_key``, ``secret_key``, ``session_token``), or a profile of a credentials file."""
+
+    access_key: Text | None = None
+    secret_key: Text | None = None
+    session_token: Text | None = None
+    credentials_file: FilePath | None = None
+    profile: Text | None = None
+
+    def __post_init__(self) -> None:
+        if (self.access_key is None) != (self.secret_key is None):
+            raise ValueError("access_key and secret_key: give both, or neither")
+
+
+_COUNTS = ("max_concurrency", "download_concurrency", "files_in_flight", "max_pool_connections",
+           "retries")  # fmt: skip
+
+
+class S3Settings(Settings, frozen=True):
+    """``[s3]`` of the daemon config (docs/configuration.md). Defaults measured on RGW."""
+
+    endpoint_url: Endpoint | None = None
+    region: Text | None = "us-east-1"
+    # "path" when endpoint_url is set, else botocore's "auto"
+    addressing_style: choice("path", "virtual", "auto") | None = None  # type: ignore[valid-type]
+    verify: bool | str = True  # TLS verification, or a CA bundle path
+    part_size: Size = 16 * MiB
+    multipart_threshold: Size = 32 * MiB
+    max_concurrency: Count = 8  # upload parts in flight per transfer
+    download_concurrency: Count = 4  # ranged GETs at once per big download (1 = one streamed GET)
+    files_in_flight: Count = 128  # objects moving at once (their bytes within budget.HELD)
+    max_pool_connections: Count = 128
+    connect_timeout: Seconds = 10.0
+    read_timeout: Seconds = 60.0
+    # botocore's (and obstore's) tries per request, beneath bbstage's own (retrying.REQUEST)
+    retries: Count = retrying.LIBRARY_TRIES
+    payload_signing: bool = False  # SHA-256 of every upload body (costs CPU; TLS covers it)
+    # botocore's request/response checksum calculation
+    checksums: choice("when_required", "when_supported") = "when_required"  # type: ignore[valid-type]
+    file_mode: Mode = 0o644  # mode of downloaded files (directories get the x bits too)
+    # Endpoints a user's own endpoint_url (~/.aws/config) may name, besides endpoint_url
+    allowed_endpoints: Endpoints = ()
+    # [s3.accounts.<user>]: read by the daemon alone; a transfer's options carry none
+    accounts: dict[str, S3Account] = {}
+
+    def __post_init__(self) -> None:
+        if self.endpoint_url == "":
+            msgspec.structs.force_setattr(self, "endpoint_url", None)
+        if self.region == "":
+            msgspec.structs.force_setattr(self, "region", None)
+        if isinstance(self.verify, str) and (
+            not self.verify.strip() or self.verify.strip().lower() in _BOOL_WORDS
+        ):
+            raise ValueError(
+                f"verify: expected true or false (unquoted), or the path of a CA bundle,"
+                f" got {shown(self.verify)}"
+            )
+        for key in _COUNTS:
+            if getattr(self, key) < 1:
+                raise ValueError(
+                    f"{key}: expected a whole number, 1 or more, got {getattr(self, key)}"
+                )
+        if self.part_size < 5 * MiB:
+            raise ValueError("part_size: S3 needs at least 5M")
+
+    @classmethod
+    def from_config(cls, raw: Any) -> S3Settings:
+        """``[s3]`` read (``bbstage.settings.convert``); ``TransferError`` saying what is
+        wrong (a tool's or a test's table: the daemon reads it with its config)."""
+        try:
+            return convert(raw, cls, "daemon config [s3]")
+        except ConfigError as exc:
+            raise TransferError(str(exc)) from None
+
+    def public(self) -> S3Settings:
+        """Without the account table: what a transfer's options carry."""
+        return msgspec.structs.replace(self, accounts={}) if self.accounts else self
 
 
 def check_endpoint(settings: S3Settings, endpoint: str, whose: str) -> None:
@@ -124,14 +147,15 @@ def check_endpoint(settings: S3Settings, endpoint: str, whose: str) -> None:
         )
 
 
-def allow_endpoint(raw: dict[str, Any], endpoint: str) -> dict[str, Any]:
+def allow_endpoint(s3: S3Settings | dict[str, Any], endpoint: str) -> S3Settings:
     """``[s3]`` as the config holds it, with ``endpoint`` added to ``allowed_endpoints``: for
     a tool the admin runs as themself (``bbstage bench``) against the store they name (the
     allow-list guards the site against users' endpoints)."""
-    return {**raw, "allowed_endpoints": [*raw.get("allowed_endpoints", []), endpoint]}
+    s3 = S3Settings.from_config(s3)
+    return msgspec.structs.replace(s3, allowed_endpoints=(*s3.allowed_endpoints, endpoint))
 
 
-def user_client(profile: str | None, raw: dict[str, Any]) -> tuple[Any, str | None, str]:
+def user_client(profile: str | None, raw: Any) -> tuple[Any, str | None, str]:
     """What a user's S3 client resolves, for a tool that hands it to another client
     (``bbstage bench``'s peers): the frozen credentials (None without any), never the
     host's instance or container role; the profile's own ``endpoint_url`` and ``region``
@@ -170,43 +194,25 @@ def parse_mode(value: Any) -> int:
     return mode
 
 
-def _whole(value: Any) -> int:
-    """A whole number: a TOML integer or a string of digits; never a float cut short."""
-    if isinstance(value, bool):
-        pass
-    elif isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
-        return int(value)
-    raise ValueError(f"{value!r} is not a whole number")
-
-
 _BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "0", "1"}
 
 
-def _verify(value: Any) -> bool | str:
-    """TLS verification: a TOML boolean, or a CA bundle path (never the word "false")."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip() and value.strip().lower() not in _BOOL_WORDS:
-        return value
-    raise ValueError(f"{value!r}: use true or false (unquoted), or the path of a CA bundle")
-
-
-def mapped_credentials(s3: dict[str, Any], user: str) -> dict[str, str] | None:
+def mapped_credentials(s3: S3Settings, user: str) -> dict[str, str] | None:
     """The credentials the administrator mapped to ``user`` in ``[s3.accounts.<user>]``.
 
     Runs in the daemon (as root), which can read the root-only config and credentials file;
     the result travels to that user's worker in the transfer spec and nowhere else.
     """
-    account = (s3.get("accounts") or {}).get(user)
-    if not account:
+    account = s3.accounts.get(user)
+    if account is None:
         return None
-    if "access_key" in account:
-        creds = {"key": str(account["access_key"]), "secret": str(account["secret_key"])}
-        if account.get("session_token"):
-            creds["token"] = str(account["session_token"])
+    if account.access_key is not None and account.secret_key is not None:
+        creds = {"key": str(account.access_key), "secret": str(account.secret_key)}
+        if account.session_token:
+            creds["token"] = str(account.session_token)
         return creds
-    path = str(account.get("credentials_file", "/etc/bbstage/s3-credentials"))
-    profile = str(account.get("profile", user))
+    path = str(account.credentials_file or "/etc/bbstage/s3-credentials")
+    profile = str(account.profile or user)
     parser = configparser.ConfigParser(interpolation=None)
     try:
         with open(path) as f:
@@ -232,20 +238,27 @@ def mapped_credentials(s3: dict[str, Any], user: str) -> dict[str, str] | None:
 
 @dataclass(frozen=True)
 class S3Options(BackendOptions):
-    """The S3 side of a transfer, as the worker gets it: ``[s3]`` without the account table,
-    the directive's ``profile=``, and (only without ``profile=``) the credentials the
-    administrator mapped to the job's user, or why they could not be read."""
+    """The S3 side of a transfer, as the worker gets it: ``[s3]`` read (``S3Settings``,
+    without the account table), the directive's ``profile=``, and (only without
+    ``profile=``) the credentials the administrator mapped to the job's user, or why they
+    could not be read. A table given as a dict (options built by hand: tests, tools) is read
+    here, when the options are made."""
 
-    s3: dict[str, Any] = field(default_factory=dict)
+    s3: S3Settings = field(default_factory=S3Settings)
     profile: str | None = None
     credentials: dict[str, str] | None = None
     credentials_error: str | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.s3, S3Settings):
+            object.__setattr__(self, "s3", S3Settings.from_config(self.s3))
 
-def s3_options(s3: dict[str, Any], uid: int, profile: str | None) -> S3Options:
+
+def s3_options(s3: S3Settings | dict[str, Any], uid: int, profile: str | None) -> S3Options:
     """What ``S3Backend.options`` gives a transfer's S3 side (see ``S3Options``)."""
-    public = {k: v for k, v in s3.items() if k != "accounts"}
-    if profile or not s3.get("accounts"):
+    s3 = S3Settings.from_config(s3)
+    public = s3.public()
+    if profile or not s3.accounts:
         return S3Options(public, profile)
     try:
         user = pwd.getpwuid(uid).pw_name
