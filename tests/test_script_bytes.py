@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bbstage import directives, protocol
-from bbstage.cli import client, render
+from bbstage import client, directives, protocol
+from bbstage.cli import render
 from bbstage.daemon import server
 from bbstage.daemon.state import Store
 from bbstage.protocol import Reply, from_bytes, to_bytes
