@@ -181,6 +181,8 @@ class Config:
     # backend's own table of this file by its name (``[s3]``, ``[gs]``), checked by it.
     backends: tuple[str, ...] = ()
     backend_settings: dict[str, Settings] = field(default_factory=dict)
+    # The same as a registry (bbstage.movers.Registry): what directives and preloads read.
+    registry: movers.Registry = field(default_factory=movers.Registry)
     movers: Movers = field(default_factory=Movers)
     fairshare: FairShare = field(default_factory=FairShare)
     # Old keys still read, each with what to write instead: the daemon logs them at start.
@@ -205,11 +207,10 @@ def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
     backends = convert(data.get("backends", {}), Backends, f"{source}: [backends]")
     kwargs["backends"] = tuple(backends.enabled)
     try:
-        # Every process reads its config first: from here on the registry, and with it the
-        # directive parser and the forkserver's preloads, know the enabled backends.
-        movers.enable(kwargs["backends"])
-        tables = {movers.backend(k).section: k for k in movers.enabled()}
-        tables.pop(None, None)
+        # The backends this file enables, a value the Config holds: the directive parser
+        # and the forkserver's preloads are given it (config.registry), none reads a global.
+        registry = movers.Registry(kwargs["backends"])
+        tables = registry.tables()
     except movers.TransferError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     unknown = set(data) - {"daemon", "pools", "movers", "fairshare", "backends"} - set(tables)
@@ -231,8 +232,8 @@ def from_dict(data: dict[str, Any], source: str = "<config>") -> Config:
     kwargs["fairshare"] = _fairshare(data.get("fairshare", {}), f"{source}: [fairshare]")
     # A typo in a backend's table is an error now, not at staging. The registry imports
     # the backends (~60 ms for S3) only here: config itself imports none.
-    kwargs["backend_settings"] = movers.check_settings(
-        {t: data[t] for t in tables if t in data}, source, deprecated
-    )
+    registry = registry.with_settings({t: data[t] for t in tables if t in data}, source, deprecated)
+    kwargs["registry"] = registry
+    kwargs["backend_settings"] = dict(registry.settings)
     kwargs["deprecated"] = tuple(deprecated)
     return Config(**kwargs)

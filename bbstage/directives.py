@@ -480,6 +480,7 @@ def _unclosed_bracket(path: str) -> bool:
 
 @dataclass
 class _State:
+    registry: movers.Registry  # the site's backends: the schemes a location may have
     directives: list[Directive] = field(default_factory=list)
     pool: str | None = None
     capacity: int | None = None
@@ -506,8 +507,8 @@ def _location(v: str, role: str, verb: str, st: _State) -> tuple[str, bool, bool
         kind, path = "scratch", v[11:]
     elif v[0] != "/":
         # A URL: its scheme must be an enabled backend's, checked by that backend's rule
-        # (bbstage.movers.url_rules; the Lua parser gets the same from bbstage_site.lua).
-        rules = movers.url_rules()
+        # (Registry.url_rules; the Lua parser gets the same from bbstage_site.lua).
+        rules = st.registry.url_rules()
         if not _SCHEME.match(v):
             raise _Fail("relative-path", v, role, _examples(rules))
         scheme = v[: v.index("://")]
@@ -619,7 +620,7 @@ def _stage(
             raise _Fail("bad-option-value/profile", kv["profile"])
         takers = [
             k
-            for k, r in movers.url_rules().items()
+            for k, r in st.registry.url_rules().items()
             if "profile" in movers.backend(k).directive_keys
         ]
         if skind not in takers and dkind not in takers:
@@ -770,9 +771,10 @@ def _line(st: _State, n: int, raw: str, kind: str) -> None:
         raise _Fail("unknown-verb", vals[0])
 
 
-def parse(text: str) -> dict[str, Any]:
-    """Parse the directive header of a batch script into the documented result; never raises."""
-    st = _State()
+def parse(text: str, registry: movers.Registry) -> dict[str, Any]:
+    """Parse the directive header of a batch script into the documented result; never raises.
+    ``registry``: the site's backends (``config.registry``), whose URLs a location may be."""
+    st = _State(registry)
     errors: list[dict[str, Any]] = []
     warnings: list[dict[str, Any]] = []
     size = _nbytes(text) if len(text) > MAX_SCRIPT_BYTES // 4 else len(text)
@@ -818,17 +820,19 @@ def parse(text: str) -> dict[str, Any]:
     }
 
 
-def copy(source: str, destination: str, options: dict[str, str]) -> dict[str, Any]:
+def copy(
+    source: str, destination: str, options: dict[str, str], registry: movers.Registry
+) -> dict[str, Any]:
     """An in-job copy (``bbstage copy``) as a directive, by a directive's rules: the same
     locations, ``$BB_SCRATCH``, S3 URLs and options as a ``stage_out`` line (no globs), the
     same errors; the spec without its index (``Store.add_directive`` gives it one).
-    ValueError with the message a script's line would get."""
+    ValueError with the message a script's line would get; ``registry`` as ``parse``'s."""
     keys: list[str | None] = [None, "source", "destination"]
     vals = ["stage_out", source, destination]
     for key, value in options.items():
         keys.append(key)
         vals.append(value)
-    st = _State()
+    st = _State(registry)
     try:
         for value in vals:
             size = _nbytes(value)

@@ -57,17 +57,16 @@ ALLOWED = {
 
 
 @pytest.fixture
-def enabled() -> Iterator[None]:
-    movers.enable(ENABLED)
-    movers.check_settings(ALLOWED)  # as bbstage.config does after enable
-    yield
-    movers.enable([])
+def registry() -> movers.Registry:
+    return movers.Registry(ENABLED).with_settings(ALLOWED)  # as bbstage.config builds it
 
 
 @pytest.fixture(params=LUAS)
-def lua(request: pytest.FixtureRequest, tmp_path: Path, enabled: None) -> Iterator[LuaParser]:
+def lua(
+    request: pytest.FixtureRequest, tmp_path: Path, registry: movers.Registry
+) -> Iterator[LuaParser]:
     site = tmp_path / "bbstage_site.lua"
-    site.write_text(luainstall.site_lua(Config(), "test"))
+    site.write_text(luainstall.site_lua(Config(registry=registry), "test"))
     parser = LuaParser(request.param, site)
     yield parser
     parser.close()
@@ -79,9 +78,9 @@ def script(location: str, extra: str = "") -> str:
 
 @pytest.mark.parametrize(("location", "code"), CASES, ids=[c[0] for c in CASES])
 def test_both_parsers_take_each_enabled_scheme_by_its_rule(
-    lua: LuaParser, location: str, code: str | None
+    lua: LuaParser, registry: movers.Registry, location: str, code: str | None
 ) -> None:
-    result = parse(script(location))
+    result = parse(script(location), registry)
     codes = [e["code"] for e in result["errors"]]
     assert codes == ([code] if code else []), result["errors"]
     if code is None:
@@ -90,25 +89,24 @@ def test_both_parsers_take_each_enabled_scheme_by_its_rule(
 
 
 def test_a_disabled_scheme_is_refused_and_the_message_lists_the_enabled(lua: LuaParser) -> None:
-    movers.enable([])
-    result = parse(script("gs://bucket/k"))
+    result = parse(script("gs://bucket/k"), movers.Registry())
     assert [e["code"] for e in result["errors"]] == ["bad-scheme"]
     assert "s3://bucket/key" in result["errors"][0]["message"]
     assert "gs://" not in result["errors"][0]["message"].split(":", 2)[2].replace('"gs://', "")
-    movers.enable(ENABLED)
-    assert parse(script("gs://bucket/k"))["errors"] == []
-    movers.check_settings(ALLOWED)
+    assert parse(script("gs://bucket/k"), movers.Registry(ENABLED))["errors"] == []
 
 
-def test_profile_only_with_a_backend_that_takes_it(lua: LuaParser) -> None:
+def test_profile_only_with_a_backend_that_takes_it(
+    lua: LuaParser, registry: movers.Registry
+) -> None:
     for location, ok in [("gs://bucket/k", False), ("s3://bucket/k", True)]:
-        result = parse(script(location, "profile=me"))
+        result = parse(script(location, "profile=me"), registry)
         assert [e["code"] for e in result["errors"]] == ([] if ok else ["profile-without-s3"])
         assert lua.parse(script(location, "profile=me")) == result
 
 
 def test_a_host_the_site_has_not_allowed_is_refused_at_sbatch_naming_line_and_key(
-    lua: LuaParser,
+    lua: LuaParser, registry: movers.Registry
 ) -> None:
     """Both parsers, each form that reaches a URL (a #BB_LUA source and destination, a #DW
     stage_in source, NNF's copy_in): the error names the line, the host:port and the key
@@ -122,7 +120,7 @@ def test_a_host_the_site_has_not_allowed_is_refused_at_sbatch_naming_line_and_ke
         "#DW copy_in source=https://data.example.org/z destination=$DW_JOB_STRIPED/z\n"
         "#BB_LUA stage_out source=$BB_SCRATCH/o destination=sftp://dtn.example.org:22/o\n"
     )
-    result = parse(text)
+    result = parse(text, registry)
     assert [(e["line"], e["code"]) for e in result["errors"]] == [
         (n, "host-not-allowed") for n in (3, 4, 5, 6)
     ], result["errors"]
@@ -139,16 +137,16 @@ def test_a_host_the_site_has_not_allowed_is_refused_at_sbatch_naming_line_and_ke
 
 
 @pytest.mark.parametrize("name", LUAS)
-def test_without_allowed_hosts_no_host_is_taken(name: str, tmp_path: Path, enabled: None) -> None:
+def test_without_allowed_hosts_no_host_is_taken(name: str, tmp_path: Path) -> None:
     """Unset or empty ``allowed_hosts``: none (as the worker's check)."""
-    movers.check_settings({"https": {"allowed_hosts": []}})
+    registry = movers.Registry(ENABLED).with_settings({"https": {"allowed_hosts": []}})
     site = tmp_path / "bbstage_site.lua"
-    site.write_text(luainstall.site_lua(Config(), "test"))
+    site.write_text(luainstall.site_lua(Config(registry=registry), "test"))
     assert site.read_text().count("hosts = { }") == 2
     parser = LuaParser(name, site)
     try:
         for location in ("https://data.example.org:8443/x", "sftp://host/x"):
-            result = parse(script(location))
+            result = parse(script(location), registry)
             assert [e["code"] for e in result["errors"]] == ["host-not-allowed"]
             assert parser.parse(script(location)) == result
     finally:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from bbstage import directives
 from bbstage.directives import parse
+from bbstage.movers import Registry
 from bbstage.protocol import from_bytes
 
 from .luas import LUAS, interpreter
@@ -20,6 +21,8 @@ from .luas import LUAS, interpreter
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = sorted((ROOT / "tests" / "corpus").glob("*.json"))
 RUNNER = ROOT / "tests" / "lua" / "parse_corpus.lua"
+
+DEFAULT = Registry()  # a site without [backends]: posix and s3
 
 
 class LuaParser:
@@ -127,7 +130,7 @@ def test_message_templates_identical() -> None:
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
 def test_corpus_python(path: Path) -> None:
     case = _load(path)
-    _check_case(case, parse(case["script"]))
+    _check_case(case, parse(case["script"], DEFAULT))
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
@@ -135,7 +138,7 @@ def test_corpus_lua(path: Path, lua: LuaParser) -> None:
     case = _load(path)
     result = lua.parse(case["script"])
     _check_case(case, result)
-    assert result == parse(case["script"])  # messages and partial results agree too
+    assert result == parse(case["script"], DEFAULT)  # messages and partial results agree too
 
 
 def _canonical(text: str) -> str:
@@ -144,7 +147,7 @@ def _canonical(text: str) -> str:
 
 
 def _both(lua: LuaParser, text: str) -> dict[str, Any]:
-    py = parse(text)
+    py = parse(text, DEFAULT)
     assert lua.parse(text) == py
     return py
 
@@ -220,7 +223,7 @@ def test_long_comment_header_and_body(lua: LuaParser) -> None:
 
 def test_never_raises_on_odd_input() -> None:
     for text in ["", "\n", "#", "#BB_LUA", "#BB_LUA\t", "\ud800#BB_LUA", "#BB_LUA x=\ud800"]:
-        assert isinstance(parse(text)["errors"], list)
+        assert isinstance(parse(text, DEFAULT)["errors"], list)
 
 
 # --- property tests -------------------------------------------------------------------------
@@ -291,7 +294,7 @@ def well_formed_scripts(draw: st.DrawFn) -> str:
 @given(st.one_of(mutated_scripts(), generated_scripts(), well_formed_scripts()))
 def test_python_and_lua_agree(lua: LuaParser, text: str) -> None:
     text = _canonical(text)
-    py = parse(text)
+    py = parse(text, DEFAULT)
     assert lua.parse(text) == py
     assert len(py["errors"]) <= directives.MAX_ERRORS
     assert json.loads(json.dumps(py)) == py
@@ -309,4 +312,4 @@ def byte_scripts(draw: st.DrawFn) -> str:
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(byte_scripts())
 def test_python_and_lua_agree_on_raw_bytes(lua: LuaParser, text: str) -> None:
-    assert lua.parse(text) == parse(text)
+    assert lua.parse(text) == parse(text, DEFAULT)

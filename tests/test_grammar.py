@@ -19,6 +19,7 @@ import pytest
 from bbstage import directives
 from bbstage.cli import luainstall
 from bbstage.config import Config
+from bbstage.movers import Registry
 
 from .luas import ENDS, LUAS, interpreter, version
 
@@ -166,5 +167,7 @@ def test_the_installed_parser_takes_the_grammar_install_lua_wrote(lua: str, tmp_
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert refused.stdout == "bad-option-value"
-    python = directives.parse("#BB_LUA stage_in source=/a destination=/b checksum=sha256\n")
+    python = directives.parse(
+        "#BB_LUA stage_in source=/a destination=/b checksum=sha256\n", Registry()
+    )
     assert [e["code"] for e in python["errors"]] == ["bad-option-value"]

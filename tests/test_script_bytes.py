@@ -29,6 +29,7 @@ from bbstage import client, directives, protocol
 from bbstage.cli import render
 from bbstage.daemon import server
 from bbstage.daemon.state import Store
+from bbstage.movers import Registry
 from bbstage.protocol import Reply, from_bytes, to_bytes
 
 from .helpers import file_digest, wait_until
@@ -125,7 +126,8 @@ def test_reply_message_carries_the_bytes() -> None:
 
 def test_store_keeps_paths_that_are_not_utf8(tmp_path: Path) -> None:
     text = directives.parse(
-        from_bytes(b"#BB_LUA stage_in source=/d/r\xe9s destination=$BB_SCRATCH/r\xe9s\n")
+        from_bytes(b"#BB_LUA stage_in source=/d/r\xe9s destination=$BB_SCRATCH/r\xe9s\n"),
+        Registry(),
     )
     assert text["errors"] == []
     store = Store(tmp_path / "state.db")

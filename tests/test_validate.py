@@ -30,7 +30,7 @@ BAD = """#!/bin/bash
 
 def _run(path: Path | str, as_json: bool = False) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = run(str(path), as_json, out=out, err=err)
+    code = run(str(path), as_json, movers.Registry(), out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -177,10 +177,7 @@ def test_a_url_to_a_host_the_site_has_not_allowed_names_line_host_and_key(
         "#BB_LUA stage_in source=https://data.example.org/a destination=/fast/a\n"
         "#BB_LUA stage_in source=https://data.example.org:8443/b destination=/fast/b\n"
     )
-    try:
-        code = main(["--config", str(config), "validate", str(script)])
-    finally:
-        movers.enable([])
+    code = main(["--config", str(config), "validate", str(script)])
     err = capsys.readouterr().err
     assert code == 1
     assert err == (

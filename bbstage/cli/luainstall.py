@@ -104,17 +104,18 @@ def site_lua(config: Config, source: str) -> str:
         f"  socket = {lua_string(str(config.socket))},\n"
         f"  staged = {lua_string(str(staged.directory(config)))},\n"
         f"  pools = {{\n{pools}\n  }},\n"
-        f"  schemes = {lua_value(schemes(), '    ')},\n"
+        f"  schemes = {lua_value(schemes(config.registry), '    ')},\n"
         f"  grammar = {lua_value(directives.lua_tables(), '    ')},\n"
         "}\n"
     )
 
 
-def schemes() -> list[dict[str, object]]:
-    """The enabled backends' URL rules (``bbstage.movers.url_rules``), in the Python parser's
-    order: what lua/bbstage/directives.lua checks a URL against (``schemes`` of the site)."""
+def schemes(registry: movers.Registry) -> list[dict[str, object]]:
+    """The enabled backends' URL rules (``Registry.url_rules``: the site's, in
+    ``config.registry``), in the Python parser's order: what lua/bbstage/directives.lua
+    checks a URL against (``schemes`` of the site)."""
     rows: list[dict[str, object]] = []
-    for scheme, rule in movers.url_rules().items():
+    for scheme, rule in registry.url_rules().items():
         rows.append({"scheme": scheme, **rule.lua()})
         if "profile" in movers.backend(scheme).directive_keys:
             rows[-1]["profile"] = True

@@ -47,17 +47,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from bbstage.cli import validate
 
     try:  # the site's backends and their URL rules ([backends] enabled, allowed_hosts)
-        config.load(args.config)
+        registry = config.load(args.config).registry
     except (config.ConfigError, OSError) as exc:
         from bbstage import movers
 
-        movers.enable([])  # not half of the file's
+        registry = movers.Registry.default()  # not half of the file's
         print(
             f"bbstage validate: warning: {exc}: URLs are checked by the default rules"
             " (those of a site without [backends])",
             file=sys.stderr,
         )
-    return validate.run(args.script, args.json)
+    return validate.run(args.script, args.json, registry)
 
 
 def cmd_drain(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bbstage.directives import MAX_ERRORS, parse
+from bbstage.movers import Registry
 
 _UNITS = (("P", 2**50), ("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10))
 
@@ -61,8 +62,15 @@ def summary(result: dict[str, Any]) -> list[str]:
     return [_printable(line) for line in lines]
 
 
-def run(path: str, as_json: bool, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Validate ``path``; print a summary (or JSON) and return the exit code."""
+def run(
+    path: str,
+    as_json: bool,
+    registry: Registry,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Validate ``path`` by the rules of ``registry`` (the site's backends: the config's);
+    print a summary (or JSON) and return the exit code."""
     out = out or sys.stdout
     err = err or sys.stderr
     try:
@@ -70,7 +78,7 @@ def run(path: str, as_json: bool, out: TextIO | None = None, err: TextIO | None 
     except OSError as e:
         print(f"bbstage validate: cannot read {path}: {e.strerror or e}", file=err)
         return 2
-    result = parse(data.decode("utf-8", "surrogateescape"))
+    result = parse(data.decode("utf-8", "surrogateescape"), registry)
     ok = not result["errors"]
     if not as_json:
         for w in result["warnings"]:

@@ -126,4 +126,6 @@ class Cleanup:
         if script:
             uid = str(req.get("uid", ""))  # 24.05+: the job's owner; only their files go
             owner = int(uid) if uid.isascii() and uid.isdigit() else None
-            await asyncio.to_thread(leftovers.sweep, script, req.job_id, owner)
+            await asyncio.to_thread(
+                leftovers.sweep, script, req.job_id, self.config.registry, owner
+            )

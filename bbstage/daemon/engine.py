@@ -48,6 +48,7 @@ from bbstage.daemon.state import (
 from bbstage.daemon.transfers import Transfers
 from bbstage.daemon.usage import Usage
 from bbstage.identity import Identity, IdentityError
+from bbstage.movers import Registry
 from bbstage.protocol import BUSY, ERROR, ProtocolError, Reply, Request
 from bbstage.transfer import Done
 
@@ -241,7 +242,7 @@ class Engine:
             raise Refused(f"job {job.job_id} is not running ({job.state}): copies are"
                           " added from inside the running job")  # fmt: skip
         try:
-            spec = directives.copy(source, destination, options)
+            spec = directives.copy(source, destination, options, self.config.registry)
             spec |= {"verb": "stage_out" if at_end else COPY,
                      "origin": "at_end" if at_end else COPY}  # fmt: skip
             d = self.store.add_directive(job.job_id, spec, MAX_JOB_DIRECTIVES)
@@ -283,7 +284,7 @@ class Engine:
             await asyncio.to_thread(slurmdirs.mend_task, job_id, array, script, conf)
         job = self.store.job(job_id)
         if job is not None and job.state not in FINISHED:
-            if _same_job(job, req):
+            if _same_job(job, req, self.config.registry):
                 return Reply.ok()  # a re-run of setup: already done
             await self.cleanup.forget_stale(job)
         if req.get("stage_in") is True:
@@ -304,7 +305,7 @@ class Engine:
     ) -> JobRow:
         """Record a new job (in ``state``) and create its scratch space; ``Refused`` (or
         ``IdentityError``) if the script, the owner or the pool request is not acceptable."""
-        parsed = directives.parse(req.get("script", ""))
+        parsed = directives.parse(req.get("script", ""), self.config.registry)
         if parsed["errors"]:
             raise Refused("; ".join(e["message"] for e in parsed["errors"][:3]))
         uid, gid = int(req.get("uid", -1)), int(req.get("gid", -1))
@@ -483,12 +484,12 @@ def order_of(req: Request) -> tuple[float, float]:
     return (start if start > 0 else math.inf, -number("priority"))
 
 
-def _same_job(job: JobRow, req: Request) -> bool:
+def _same_job(job: JobRow, req: Request, registry: Registry) -> bool:
     """Is a setup request for ``job`` a re-run (same owner and directives), not a new job
     that reuses the id?"""
     if (job.uid, job.gid) != (int(req.get("uid", -1)), int(req.get("gid", -1))):
         return False
-    parsed = directives.parse(req.get("script", ""))
+    parsed = directives.parse(req.get("script", ""), registry)
     mine = [d.spec for d in job.directives]
     return json.dumps(mine, sort_keys=True) == json.dumps(parsed["directives"], sort_keys=True)
 

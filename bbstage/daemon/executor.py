@@ -81,7 +81,11 @@ class TransferExecutor(fairshare.Queued):
         weights: dict[int, float] | None = None,
         stall_timeout: float = STALL_TIMEOUT,
         cgroup: tuple[Path, ...] = (),
+        registry: movers.Registry | None = None,
     ) -> None:
+        """``registry``: the site's backends (``config.registry``; by default posix and s3),
+        whose modules the forkserver imports once."""
+        registry = registry or movers.Registry.default()
         self._cgroup = cgroup  # each worker goes there before its first transfer
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(
@@ -93,7 +97,7 @@ class TransferExecutor(fairshare.Queued):
                 # fresh worker pay for them (benchmarks/bench_s3.py keeps its light).
                 "__main__",
                 "bbstage.transfer.worker",
-                *movers.preloads(),  # the enabled backends' (S3: ~0.3 s per worker saved)
+                *registry.preloads(),  # the enabled backends' (S3: ~0.3 s per worker saved)
                 # Else read from disk by each worker (its start, its first connection)
                 "pkgutil",
                 "multiprocessing.popen_forkserver",

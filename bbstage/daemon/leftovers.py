@@ -25,7 +25,7 @@ import structlog
 
 from bbstage import directives
 from bbstage.identity import Identity, IdentityError, unlink_as
-from bbstage.movers import localfs
+from bbstage.movers import Registry, localfs
 
 log = structlog.get_logger(__name__)
 
@@ -33,11 +33,12 @@ LIMIT = 200_000  # directory entries read per teardown at most (a destination tr
 SWEEP_EVERY = 30.0  # seconds between two sweeps of one job at least
 
 
-def places(script: str) -> list[tuple[str, bool]]:
+def places(script: str, registry: Registry) -> list[tuple[str, bool]]:
     """The local directories a job's temporary files may be in: (directory, whole tree?)
     for each destination outside scratch of ``script``'s directives (stage-in and
-    stage-out alike); none for a script that does not parse."""
-    parsed = directives.parse(script)
+    stage-out alike); none for a script that does not parse (by ``registry``'s rules: the
+    site's)."""
+    parsed = directives.parse(script, registry)
     found: dict[str, bool] = {}
     for d in parsed["directives"]:
         if d["destination_kind"] != "posix":
@@ -155,10 +156,10 @@ class Pace:
         return True
 
 
-def sweep(script: str, job_id: str, uid: int | None = None) -> int:
+def sweep(script: str, job_id: str, registry: Registry, uid: int | None = None) -> int:
     """Find and remove the temporary files job ``job_id`` (of ``uid``, if known) left in the
     local destinations its ``script`` names; how many were removed."""
-    removed = remove(whose(find(places(script), job_id), job_id, uid), job_id)
+    removed = remove(whose(find(places(script, registry), job_id), job_id, uid), job_id)
     if removed:
         log.warning("temporary files of a job unknown to the daemon removed", job_id=job_id,
                     files=removed)  # fmt: skip

@@ -99,6 +99,7 @@ async def _main(config: Config) -> int:
             weights=config.fairshare.weights,
             stall_timeout=config.stall_timeout,
             cgroup=config.movers.cgroups,
+            registry=config.registry,
         )
     engine = Engine(config, store, executor)
     engine.subscribe(metrics.observe)

@@ -46,7 +46,7 @@ local UNITS, DW_UNITS, VERBS, STAGE_KEYS, VALUES, HINTS = G.UNITS, G.DW_UNITS, G
 local DW_VERBS, DW_STAGE_KEYS, DW_REFUSED, JOBDW_KEYS = G.DW_VERBS, G.DW_STAGE_KEYS, G.DW_REFUSED, G.JOBDW_KEYS
 local JOBDW_TYPES, ACCESS_MODES, DW_SCRATCH_VARS = G.JOBDW_TYPES, G.ACCESS_MODES, G.DW_SCRATCH_VARS
 -- The URL schemes of the enabled backends, in order, with their rules: bbstage_site.lua's
--- `schemes`, written by `bbstage install-lua` from the registry (bbstage.movers.url_rules),
+-- `schemes`, written by `bbstage install-lua` from the config's registry (Registry.url_rules),
 -- as bbstage/directives.py checks them; S3 alone without it.
 local SCHEMES = type(site) == "table" and site.schemes or { { scheme = "s3", what = "S3 bucket",
 	rules = "bucket names have 3-63 characters a-z 0-9 . - and start and end with a letter or digit",

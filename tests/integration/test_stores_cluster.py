@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from bbstage import movers
 from bbstage.movers.implementations.fsstore import StoreOptions
 from tests.backends.stores import open_store, stores_env, user_home
 from tests.helpers import digest
@@ -57,7 +56,6 @@ def random_body(n: int) -> bytes:
 def test_stage_in_from_each_store_and_out_to_it(store, cluster: Cluster, workdir: Path) -> None:  # type: ignore[no-untyped-def]
     """A file and a tree staged in from the store into $BB_SCRATCH, the job copies them to
     its directory; its result staged out to the store (not for https://, a source only)."""
-    movers.enable(KINDS)  # this process's parser, as the daemon's
     as_user(workdir)
     one = random_body(3 << 20)
     tree = {"t/a": random_body(1000), "t/sub/b": random_body(70_000)}
@@ -93,4 +91,3 @@ cp -r "$BB_SCRATCH/t" {out}/t
     if not store.read_only:
         assert digest(store.get("result.dat") or b"") == digest((out / "result.dat").read_bytes())
     assert pwd.getpwuid((out / "one.dat").stat().st_uid).pw_name == USER
-    movers.enable([])

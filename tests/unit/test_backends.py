@@ -114,7 +114,7 @@ def test_registry_lazy_classes_install_hints_and_register() -> None:
     with pytest.raises(TransferError, match="read-only"):
         movers.get("posix", "https")
     with pytest.raises(TransferError, match=r"unknown \['nfs4'\]"):
-        movers.enable(["nfs4"])
+        movers.Registry(["nfs4"])
 
     class Memory(Backend):
         name, schemes = "mem", ("mem",)
@@ -128,7 +128,7 @@ def test_registry_lazy_classes_install_hints_and_register() -> None:
         with pytest.raises(TransferError, match="the broken backend cannot load"):
             movers.backend("broken")
     finally:
-        movers._registry.pop("mem", None)
+        movers._imported.pop("mem", None)
         movers.known_implementations.pop("broken", None)
 
 
@@ -200,27 +200,28 @@ def test_backends_section_enables_schemes_and_checks_their_tables(tmp_path: Path
     from bbstage.directives import parse
 
     path = tmp_path / "bbstage.toml"
-    try:
-        path.write_text('[backends]\nenabled = ["gs"]\n[gs]\nendpoint_url = "http://127.0.0.1:1"\n')
-        loaded = config.load(path)
-        assert loaded.backends == ("gs",) and loaded.backend_settings["gs"].endpoint_url
-        ok = "#!/bin/bash\n#BB_LUA stage_in source=gs://bkt/k destination=/x\n"
-        assert parse(ok)["errors"] == []
-        path.write_text('[backends]\nenabled = ["gs"]\n[gs]\nendpoint = "x"\n')
-        with pytest.raises(
-            config.ConfigError,
-            match=r"\[gs\] unknown key 'endpoint' \(known: anonymous, endpoint_url, project\)",
-        ):
-            config.load(path)
-        path.write_text("[az]\n")
-        with pytest.raises(config.ConfigError, match=r"add the backend to \[backends\] enabled"):
-            config.load(path)
-        path.write_text('[backends]\nenabled = ["ftp"]\n')
-        with pytest.raises(config.ConfigError, match=r"unknown \['ftp'\]"):
-            config.load(path)
-    finally:
-        movers.enable([])
-    assert parse(ok)["errors"][0]["code"] == "bad-scheme"  # gs:// only while enabled
+    path.write_text('[backends]\nenabled = ["gs"]\n[gs]\nendpoint_url = "http://127.0.0.1:1"\n')
+    loaded = config.load(path)
+    assert loaded.backends == ("gs",) and loaded.backend_settings["gs"].endpoint_url
+    ok = "#!/bin/bash\n#BB_LUA stage_in source=gs://bkt/k destination=/x\n"
+    assert parse(ok, loaded.registry)["errors"] == []
+    path.write_text('[backends]\nenabled = ["gs"]\n[gs]\nendpoint = "x"\n')
+    with pytest.raises(
+        config.ConfigError,
+        match=r"\[gs\] unknown key 'endpoint' \(known: anonymous, endpoint_url, project\)",
+    ):
+        config.load(path)
+    path.write_text("[az]\n")
+    with pytest.raises(config.ConfigError, match=r"add the backend to \[backends\] enabled"):
+        config.load(path)
+    path.write_text('[backends]\nenabled = ["ftp"]\n')
+    with pytest.raises(config.ConfigError, match=r"unknown \['ftp'\]"):
+        config.load(path)
+    default = config.from_dict({}).registry  # a config without [backends]: posix and s3
+    assert default.enabled() == movers.Registry.default().enabled() == ["posix", "s3"]
+    assert parse(ok, default)["errors"][0]["code"] == "bad-scheme"  # gs:// only where enabled
+    assert parse(ok, loaded.registry)["errors"] == []  # the loads after it changed no other
+    assert pickle.loads(pickle.dumps(loaded.registry)) == loaded.registry  # a value
 
 
 @pytest.mark.parametrize(

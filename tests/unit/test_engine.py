@@ -472,7 +472,7 @@ def test_a_bug_in_a_hook_handler_is_answered_as_the_daemons_error_not_the_jobs(
     refusal, its text shown to Slurm as if the script were wrong), is logged with its
     traceback and answered as a bug in the daemon that names its log; a refusal stays one."""
 
-    def broken(text: str) -> dict[str, Any]:
+    def broken(text: str, registry: object) -> dict[str, Any]:
         raise ValueError("invalid literal for int() with base 10: 'x'")
 
     monkeypatch.setattr(directives, "parse", broken)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from bbstage.daemon import leftovers
+from bbstage.movers import Registry
 
 NOBODY = 65534
 
@@ -36,7 +37,7 @@ def test_places_are_the_local_destinations_of_both_verbs() -> None:
         "#BB_LUA stage_in source=/data/x destination=$BB_SCRATCH/x\n"
         "#BB_LUA stage_out source=$BB_SCRATCH/out/ destination=/results/out/\n"
     )
-    assert leftovers.places(script) == [
+    assert leftovers.places(script, Registry()) == [
         ("/home/u", False),
         ("/home/u/tree/", True),
         ("/home/u/h5/", True),
@@ -45,7 +46,10 @@ def test_places_are_the_local_destinations_of_both_verbs() -> None:
 
 
 def test_a_script_that_does_not_parse_names_no_place() -> None:
-    assert leftovers.places("#!/bin/bash\n#BB_LUA stage_in source=/a/ destination=/b\n") == []
+    assert (
+        leftovers.places("#!/bin/bash\n#BB_LUA stage_in source=/a/ destination=/b\n", Registry())
+        == []
+    )
 
 
 def test_find_takes_this_jobs_temporary_files_only(tmp_path: Path) -> None:
@@ -101,5 +105,5 @@ def test_sweep_finds_them_from_the_script_slurm_kept(area: Path) -> None:
     job = area / "script"
     job.write_bytes(f"#!/bin/bash\n#BB_LUA stage_in source=/a destination={dest}/in.bin\n".encode())
     assert leftovers.read(str(area / "no-script"), "7") is None
-    assert leftovers.sweep(leftovers.read(str(job), "7") or "", "7") == 1
+    assert leftovers.sweep(leftovers.read(str(job), "7") or "", "7", Registry()) == 1
     assert not part.exists()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bbstage.daemon.state import Store
+from bbstage.movers import Registry
 
 
 def directive(index: int) -> dict[str, object]:
@@ -136,7 +137,8 @@ def test_a_created_job_in_memory_is_the_one_on_disk(tmp_path: Path) -> None:
     parsed = directives.parse(
         "#!/bin/bash\n#BB_LUA pool=scratch capacity=1M\n"
         "#BB_LUA stage_in source=/a/b destination=$BB_SCRATCH/b checksum=xxh3\n"
-        "#BB_LUA stage_out source=$BB_SCRATCH/out/ destination=s3://bucket/out/\n"
+        "#BB_LUA stage_out source=$BB_SCRATCH/out/ destination=s3://bucket/out/\n",
+        Registry(),
     )
     assert not parsed["errors"]
     store = Store(tmp_path / "state.db")
