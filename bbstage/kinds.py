@@ -112,14 +112,8 @@ class Positive(float, Kind):
         return float(value)
 
 
-class Seconds(float, Kind):
+class Seconds(Positive):
     what = "a number of seconds above 0 (write it unquoted, e.g. 30)"
-
-    @classmethod
-    def check(cls, value: Any) -> float:
-        if not _number(value) or value <= 0:
-            raise expected(cls.what, value)
-        return float(value)
 
 
 class Size(int, Kind):
