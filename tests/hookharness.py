@@ -212,3 +212,22 @@ def stage_in_started(d: Daemon, area: Path, job: str, size: int, hold: bool = Fa
         catcher.join()
         assert not destination.exists(), "the transfer ended before its worker was held"
     return Staging(job, path, source, destination, held)
+
+
+def staged_job(area: Path, job_id: str) -> Iterator[tuple[Daemon, int]]:
+    """A daemon with metrics on a free port and job ``job_id`` staged in (one 5000-byte
+    file into its scratch): yields the daemon and the port, stops it after."""
+    from .helpers import free_port
+
+    port = free_port()
+    d = start_daemon(area / "d", extra=f'metrics_address = "127.0.0.1:{port}"')
+    uid, gid = user_ids()
+    src = area / "src"
+    src.mkdir()
+    (src / "a.dat").write_bytes(b"a" * 5000)
+    user_tree(src, uid, gid)
+    job = script(area / "job.sh", f"stage_in source={src}/a.dat destination=$BB_SCRATCH/a.dat")
+    d.hook("slurm_bb_setup", job_id, str(uid), str(gid), "scratch", str(8 << 20), job)
+    assert d.hook("slurm_bb_data_in", job_id, job) == (0, "")
+    yield d, port
+    d.stop()

@@ -9,30 +9,19 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .helpers import free_port
-from .hookharness import REPO, Daemon, area, script, start_daemon, user_ids, user_tree
+from .hookharness import REPO, Daemon, area, script, staged_job, user_ids
 
 __all__ = ["area"]
 
 
 @pytest.fixture
-def staged(area: Path) -> tuple[Daemon, int]:
-    port = free_port()
-    d = start_daemon(area / "d", extra=f'metrics_address = "127.0.0.1:{port}"')
-    uid, gid = user_ids()
-    src = area / "src"
-    src.mkdir()
-    (src / "a.dat").write_bytes(b"a" * 5000)
-    user_tree(src, uid, gid)
-    job = script(area / "job.sh", f"stage_in source={src}/a.dat destination=$BB_SCRATCH/a.dat")
-    d.hook("slurm_bb_setup", "201", str(uid), str(gid), "scratch", str(8 << 20), job)
-    assert d.hook("slurm_bb_data_in", "201", job) == (0, "")
-    yield d, port
-    d.stop()
+def staged(area: Path) -> Iterator[tuple[Daemon, int]]:
+    yield from staged_job(area, "201")
 
 
 def test_metrics_are_scraped_over_http(staged: tuple[Daemon, int]) -> None:

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .helpers import free_port
-from .hookharness import REPO, Daemon, area, script, start_daemon, user_ids, user_tree
+from .hookharness import REPO, Daemon, area, staged_job, start_daemon
 
 __all__ = ["area"]
 
@@ -37,18 +36,7 @@ PROMETHEUS_OWN = {"up"}  # recorded by Prometheus for each scrape, named as such
 
 @pytest.fixture
 def staged(area: Path) -> Iterator[tuple[Daemon, int]]:
-    port = free_port()
-    d = start_daemon(area / "d", extra=f'metrics_address = "127.0.0.1:{port}"')
-    uid, gid = user_ids()
-    src = area / "src"
-    src.mkdir()
-    (src / "a.dat").write_bytes(b"a" * 5000)
-    user_tree(src, uid, gid)
-    job = script(area / "job.sh", f"stage_in source={src}/a.dat destination=$BB_SCRATCH/a.dat")
-    d.hook("slurm_bb_setup", "301", str(uid), str(gid), "scratch", str(8 << 20), job)
-    assert d.hook("slurm_bb_data_in", "301", job) == (0, "")
-    yield d, port
-    d.stop()
+    yield from staged_job(area, "301")
 
 
 def exported(text: str) -> set[str]:

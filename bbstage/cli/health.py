@@ -85,16 +85,23 @@ def check_daemon(config: Config, timeout: float) -> tuple[int, str]:
     return OK, f"answering at {where} ({seconds * 1000:.0f} ms, {len(pools)} pools)"
 
 
+def _not_writable(path: Path) -> tuple[int, str] | None:
+    """Why root cannot write a file in ``path`` (None: it can)."""
+    if os.geteuid() != 0:
+        return UNKNOWN, f"not root: cannot test writing {path} (run as root, e.g. sudo)"
+    try:
+        probe(path)
+    except OSError as exc:
+        return CRITICAL, f"{path} is not writable: {exc.strerror or exc}"
+    return None
+
+
 def check_state(config: Config) -> tuple[int, str]:
     state = config.state_dir
     if not state.is_dir():
         return CRITICAL, f"{state} does not exist or is not a directory"
-    if os.geteuid() != 0:
-        return UNKNOWN, f"not root: cannot test writing {state} (run as root, e.g. sudo)"
-    try:
-        probe(state)
-    except OSError as exc:
-        return CRITICAL, f"{state} is not writable: {exc.strerror or exc}"
+    if failed := _not_writable(state):
+        return failed
     free = os.statvfs(state)
     free_bytes = free.f_bavail * free.f_frsize
     if free_bytes < STATE_FREE:
@@ -107,12 +114,8 @@ def check_pool(root: Path) -> tuple[int, str]:
         return WARNING, f"{root} does not exist (made at the first job's setup; not mounted?)"
     if not root.is_dir():
         return CRITICAL, f"{root} is not a directory"
-    if os.geteuid() != 0:
-        return UNKNOWN, f"not root: cannot test writing {root} (run as root, e.g. sudo)"
-    try:
-        probe(root)
-    except OSError as exc:
-        return CRITICAL, f"{root} is not writable: {exc.strerror or exc}"
+    if failed := _not_writable(root):
+        return failed
     free = os.statvfs(root)
     return OK, f"{root} writable, {_mib(free.f_bavail * free.f_frsize)} free"
 
