@@ -238,7 +238,7 @@ def python311() -> str:
         return sys.executable
     found = shutil.which("python3.11")
     if found is None:
-        pytest.fail("no python3.11 for the py311 bundle: Debian 12 has it (apt-get install python3)")
+        pytest.fail("no python3.11 for the py311 bundle (Debian 12: apt-get install python3)")
     return found
 
 
